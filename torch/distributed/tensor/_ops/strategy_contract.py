@@ -1,0 +1,393 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates
+"""
+The contract every sharding strategy handed out by DTensor satisfies.
+
+Strategy functions return :class:`OpStrategy` / :class:`TupleStrategy` objects made
+of :class:`OpSpec` entries. DTensor's own dispatch picks one of them; planners read
+all of them. For either consumer to use a spec without re-deriving anything, each
+``OpSpec`` of a strategy for ``op(*args, **kwargs)`` must satisfy:
+
+C1  Every output position whose result is a tensor holds a ``DTensorSpec`` whose
+    ``tensor_meta`` equals shape inference of the op on the global inputs
+    (shape, stride and dtype).
+C2  Every output position whose result is ``None`` (an ``output_mask`` entry set to
+    False, an optional return, a non-tensor return) holds ``None``. An op returning
+    one tensor has a ``DTensorSpec``; an op with several returns a tuple with one
+    entry per return; a ``List[Tensor]`` return a tuple with one entry per element;
+    an op with no tensor return has ``output_specs=None``.
+C3  ``input_specs`` is present, with one ``DTensorSpec`` per tensor input in
+    flattened argument order (args, then kwargs), each carrying that input's
+    ``tensor_meta``.
+C4  ``redistribute_cost`` is present: one row per tensor input, each row as long as
+    that input's candidate list, every value finite and non-negative, or ``inf``.
+C5  Each child of a :class:`TupleStrategy` (foreach ops, list arguments) satisfies
+    C1-C4 for its element: the i-th element of every list argument plus the
+    non-list tensor arguments, and the i-th element of every list return.
+
+:func:`check_strategy_contract` checks these clauses and returns every violation;
+:func:`infer_output_metas` provides the expected output metadata. Both only rely
+on DTensor's public data structures, so they can judge any strategy, whichever
+version of the machinery produced it.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import torch
+from torch._ops import OpOverload
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    StrategyType,
+    TupleStrategy,
+)
+from torch.utils import _pytree as pytree
+
+
+__all__ = [
+    "CLAUSES",
+    "ContractViolation",
+    "OutputMetas",
+    "check_strategy_contract",
+    "element_output_metas",
+    "element_schema",
+    "format_violations",
+    "infer_output_metas",
+    "op_has_tensor_returns",
+    "tensor_inputs",
+]
+
+CLAUSES = ("C1", "C2", "C3", "C4", "C5")
+
+# Output metadata as shape inference gives it: ``TensorMeta`` for a tensor, ``None``
+# for a ``None`` or non-tensor result, and tuples/lists mirroring the op's returns.
+OutputMetas: TypeAlias = TensorMeta | Sequence[Any] | None
+
+
+@dataclass(frozen=True)
+class ContractViolation:
+    """One breach of the contract, located precisely enough to fix it."""
+
+    clause: str
+    op: str
+    strategy_index: int
+    position: str
+    expected: str
+    got: str
+    # For C5 violations: the clause the child breaks (C1-C4).
+    child_clause: str | None = None
+
+    def __str__(self) -> str:
+        clause = self.clause
+        if self.child_clause is not None:
+            clause = f"{clause}/{self.child_clause}"
+        return (
+            f"{clause} {self.op} strategy {self.strategy_index} {self.position}: "
+            f"expected {self.expected}, got {self.got}"
+        )
+
+
+def format_violations(violations: Sequence[ContractViolation]) -> str:
+    """Render violations one per line, for error messages and reports."""
+    return "\n".join(str(v) for v in violations)
+
+
+def _describe_meta(meta: TensorMeta | None) -> str:
+    if meta is None:
+        return "no tensor_meta"
+    return f"TensorMeta(shape={tuple(meta.shape)}, stride={tuple(meta.stride)}, dtype={meta.dtype})"
+
+
+def _describe_spec(spec: object) -> str:
+    if spec is None:
+        return "None"
+    if isinstance(spec, DTensorSpec):
+        return f"DTensorSpec({spec.placements}, {_describe_meta(spec.tensor_meta)})"
+    if isinstance(spec, (tuple, list)):
+        return f"{type(spec).__name__} of {len(spec)}"
+    return type(spec).__name__
+
+
+def _metas_equal(a: TensorMeta, b: TensorMeta) -> bool:
+    return (
+        tuple(a.shape) == tuple(b.shape)
+        and tuple(a.stride) == tuple(b.stride)
+        and a.dtype == b.dtype
+    )
+
+
+def op_has_tensor_returns(op: OpOverload) -> bool:
+    """Whether any declared return of ``op`` can hold a tensor."""
+    return any("Tensor" in str(ret.type) for ret in op._schema.returns)
+
+
+def _is_tensor_input(x: object) -> bool:
+    return isinstance(x, OpStrategy)
+
+
+def tensor_inputs(op_schema: OpSchema) -> list[OpStrategy]:
+    """The tensor inputs of a strategy schema, flattened in argument order.
+
+    Lists of tensors (``TupleStrategy`` or plain lists, possibly with ``None``
+    holes) contribute their elements; kwargs (e.g. ``out=``) come after args.
+    """
+    leaves = pytree.tree_leaves(
+        (op_schema.args_schema, list(op_schema.kwargs_schema.values()))
+    )
+    return [leaf for leaf in leaves if _is_tensor_input(leaf)]
+
+
+def element_schema(op_schema: OpSchema, index: int) -> OpSchema:
+    """The per-element schema of a foreach-like op: list args reduced to element ``index``."""
+
+    def pick(x: object) -> object:
+        if isinstance(x, TupleStrategy):
+            return x.children[index]
+        return x
+
+    args = tuple(pick(a) for a in op_schema.args_schema)
+    kwargs = {k: pick(v) for k, v in op_schema.kwargs_schema.items()}
+    return OpSchema(op_schema.op, args, kwargs, schema_info=op_schema.schema_info)
+
+
+def element_output_metas(op: OpOverload, output_metas: OutputMetas, index: int) -> OutputMetas:
+    """The results of element ``index`` of a foreach-like op."""
+    if output_metas is None or isinstance(output_metas, TensorMeta):
+        # In-place foreach ops return nothing; a per-element result is None.
+        return None if output_metas is None else output_metas
+    returns = op._schema.returns
+    if len(returns) == 1:
+        # A single List[Tensor] return: element i is the i-th tensor.
+        return output_metas[index]
+    # Several list returns (e.g. functional fused optimizers): one entry per return.
+    return tuple(
+        m[index] if isinstance(m, (list, tuple)) else m for m in output_metas
+    )
+
+
+def _spec_to_fake(spec: object, device: str) -> object:
+    meta = spec.tensor_meta  # type: ignore[attr-defined]
+    if meta is None:
+        raise ValueError("shape inference needs every tensor input to carry tensor_meta")
+    return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=device)
+
+
+def _to_meta(x: object) -> object:
+    if isinstance(x, torch.Tensor):
+        return TensorMeta(shape=x.shape, stride=x.stride(), dtype=x.dtype)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_meta(e) for e in x)
+    return None
+
+
+def infer_output_metas(op_schema: OpSchema) -> OutputMetas:
+    """Run shape inference of ``op_schema.op`` on fake tensors built from the global input metas.
+
+    Accepts runtime schemas (``DTensorSpec`` args) and strategy schemas
+    (``OpStrategy``/``TupleStrategy`` args). Returns ``None`` for ops without tensor
+    returns, without running them (data-dependent ops such as ``aten.equal``).
+    """
+    if not op_has_tensor_returns(op_schema.op):
+        return None
+    from torch._guards import detect_fake_mode
+    from torch._subclasses import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    device = "cpu"
+    for leaf in pytree.tree_leaves((op_schema.args_schema, op_schema.kwargs_schema)):
+        if isinstance(leaf, (OpStrategy, DTensorSpec)):
+            device = leaf.mesh.device_type
+            break
+
+    def convert(x: object) -> object:
+        if isinstance(x, TupleStrategy):
+            # A list argument: the op takes a list of tensors, not the strategy.
+            return [convert(child) for child in x.children]
+        if isinstance(x, OpStrategy):
+            return _spec_to_fake(x.strategies[0].output_spec, device)
+        if isinstance(x, DTensorSpec):
+            return _spec_to_fake(x, device)
+        return x
+
+    fake_mode = detect_fake_mode() or FakeTensorMode()
+    with fake_mode, disable_proxy_modes_tracing():
+        args, kwargs = pytree.tree_map(
+            convert,
+            (op_schema.args_schema, op_schema.kwargs_schema),
+            is_leaf=lambda x: isinstance(x, (OpStrategy, TupleStrategy, DTensorSpec)),
+        )
+        out = op_schema.op(*args, **kwargs)
+    return _to_meta(out)
+
+
+class _Checker:
+    """Collects the violations of one strategy against one op schema."""
+
+    def __init__(self, op: OpOverload) -> None:
+        self.op = op
+        self.op_name = str(op)
+        self.violations: list[ContractViolation] = []
+
+    def add(
+        self,
+        clause: str,
+        index: int,
+        position: str,
+        expected: str,
+        got: str,
+        child: int | None = None,
+    ) -> None:
+        if child is not None:
+            self.violations.append(
+                ContractViolation(
+                    "C5", self.op_name, index, f"child {child} {position}", expected, got, clause
+                )
+            )
+        else:
+            self.violations.append(
+                ContractViolation(clause, self.op_name, index, position, expected, got)
+            )
+
+    def check_outputs(
+        self, index: int, spec: OpSpec, metas: OutputMetas, child: int | None
+    ) -> None:
+        out = spec.output_specs
+        if metas is None:
+            # C2: no tensor result at all.
+            if out is not None:
+                self.add("C2", index, "output", "None (op returns no tensor)", _describe_spec(out), child)
+            return
+        if isinstance(metas, TensorMeta):
+            if not isinstance(out, DTensorSpec):
+                self.add("C2", index, "output", "a DTensorSpec (op returns one tensor)", _describe_spec(out), child)
+                return
+            self.check_one_output(index, "output", out, metas, child)
+            return
+        # Several results: a tuple/list with one entry per result.
+        if not isinstance(out, (tuple, list)) or len(out) != len(metas):
+            self.add(
+                "C2", index, "output",
+                f"a tuple of {len(metas)} output specs", _describe_spec(out), child,
+            )
+            return
+        for pos, (o, m) in enumerate(zip(out, metas)):
+            where = f"output {pos}"
+            if m is None:
+                if o is not None:
+                    self.add("C2", index, where, "None (result is None)", _describe_spec(o), child)
+            elif isinstance(m, TensorMeta):
+                if not isinstance(o, DTensorSpec):
+                    self.add("C2", index, where, "a DTensorSpec (result is a tensor)", _describe_spec(o), child)
+                else:
+                    self.check_one_output(index, where, o, m, child)
+            else:
+                # A nested list result (e.g. one return of a fused multi-list op)
+                # is only described per element by TupleStrategy children.
+                self.add("C2", index, where, "a TupleStrategy for a list result", _describe_spec(o), child)
+
+    def check_one_output(
+        self, index: int, where: str, out: DTensorSpec, meta: TensorMeta, child: int | None
+    ) -> None:
+        got = out.tensor_meta
+        if got is None or not _metas_equal(got, meta):
+            self.add("C1", index, where, _describe_meta(meta), _describe_meta(got), child)
+
+    def check_inputs(
+        self, index: int, spec: OpSpec, inputs: list[OpStrategy], child: int | None
+    ) -> None:
+        if spec.input_specs is None:
+            self.add("C3", index, "input_specs", f"{len(inputs)} input specs", "None", child)
+        elif len(spec.input_specs) != len(inputs):
+            self.add(
+                "C3", index, "input_specs", f"{len(inputs)} input specs",
+                f"{len(spec.input_specs)} input specs", child,
+            )
+        else:
+            for pos, (got, inp) in enumerate(zip(spec.input_specs, inputs)):
+                expected = inp.strategies[0].output_spec.tensor_meta
+                if not isinstance(got, DTensorSpec):
+                    self.add("C3", index, f"input {pos}", "a DTensorSpec", _describe_spec(got), child)
+                elif got.tensor_meta is None or expected is None or not _metas_equal(
+                    got.tensor_meta, expected
+                ):
+                    self.add(
+                        "C3", index, f"input {pos}", _describe_meta(expected),
+                        _describe_meta(got.tensor_meta), child,
+                    )
+        costs = spec.redistribute_cost
+        if costs is None:
+            self.add("C4", index, "redistribute_cost", f"{len(inputs)} rows", "None", child)
+            return
+        if len(costs) != len(inputs):
+            self.add("C4", index, "redistribute_cost", f"{len(inputs)} rows", f"{len(costs)} rows", child)
+            return
+        for pos, (row, inp) in enumerate(zip(costs, inputs)):
+            where = f"redistribute_cost row {pos}"
+            if len(row) != len(inp.strategies):
+                self.add(
+                    "C4", index, where, f"{len(inp.strategies)} costs (one per candidate)",
+                    f"{len(row)} costs", child,
+                )
+                continue
+            for c in row:
+                try:
+                    value = float(c)
+                except (TypeError, ValueError):
+                    # Symbolic costs (dynamic shapes) cannot be judged here.
+                    continue
+                if math.isnan(value) or value < 0:
+                    self.add("C4", index, where, "finite non-negative costs or inf", repr(value), child)
+                    break
+
+    def check_op_strategy(
+        self,
+        strategy: OpStrategy,
+        inputs: list[OpStrategy],
+        metas: OutputMetas,
+        child: int | None = None,
+    ) -> None:
+        for index, spec in enumerate(strategy.strategies):
+            self.check_outputs(index, spec, metas, child)
+            self.check_inputs(index, spec, inputs, child)
+
+
+def check_strategy_contract(
+    op_schema: OpSchema,
+    strategy: StrategyType,
+    output_metas: OutputMetas,
+) -> list[ContractViolation]:
+    """Return every violation of C1-C5 by ``strategy`` for ``op_schema``.
+
+    Args:
+        op_schema: the strategy schema the strategy was produced for (tensor
+            arguments as ``OpStrategy``/``TupleStrategy``, each candidate carrying
+            the input's ``tensor_meta``).
+        strategy: what the strategy machinery returned.
+        output_metas: the expected results, as :func:`infer_output_metas` gives them.
+    """
+    checker = _Checker(op_schema.op)
+    if isinstance(strategy, OpStrategy):
+        checker.check_op_strategy(strategy, tensor_inputs(op_schema), output_metas)
+    elif isinstance(strategy, TupleStrategy):
+        for i, child in enumerate(strategy.children):
+            if not isinstance(child, OpStrategy):
+                checker.add(
+                    "C2", -1, "strategy", "an OpStrategy per element", type(child).__name__, i
+                )
+                continue
+            element = element_schema(op_schema, i)
+            checker.check_op_strategy(
+                child,
+                tensor_inputs(element),
+                element_output_metas(op_schema.op, output_metas, i),
+                child=i,
+            )
+    else:
+        checker.add(
+            "C2", -1, "strategy", "an OpStrategy or TupleStrategy", type(strategy).__name__
+        )
+    return checker.violations
