@@ -1,0 +1,332 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates
+"""
+Completes the strategies DTensor's strategy machinery hands out.
+
+Strategy functions are free to leave out what the machinery can derive: output
+``tensor_meta``, ``input_specs`` (defaulting to the output placements, DTensor's
+long-standing convention), ``redistribute_cost``, one spec broadcast to all
+outputs of a multi-output op. :func:`finalize_strategy` fills those in once, on
+the way out of the registry, so that every consumer (DTensor's own dispatch and
+planners alike) reads specs satisfying the contract in
+:mod:`torch.distributed.tensor._ops.strategy_contract`. What cannot be derived
+(a ``None`` where the op returns a tensor, a wrong number of outputs or inputs,
+a mesh mismatch) is a bug in the strategy and raises :class:`StrategyContractError`.
+"""
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from torch._ops import OpOverload
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    StrategyType,
+    TupleStrategy,
+)
+from torch.distributed.tensor._ops.strategy_contract import (
+    element_output_metas,
+    element_schema,
+    infer_output_metas,
+    OutputMetas,
+    tensor_inputs,
+)
+
+
+__all__ = [
+    "FinalizedStrategyFunc",
+    "StrategyContractError",
+    "finalize_strategy",
+    "output_metas_for",
+]
+
+
+class StrategyContractError(RuntimeError):
+    """A strategy that cannot be reconciled with the op it was produced for."""
+
+    def __init__(
+        self, op: OpOverload, source: str, index: int, position: str, problem: str
+    ) -> None:
+        super().__init__(
+            f"{op}: strategy {source!r} returned an OpSpec (index {index}) that "
+            f"cannot be reconciled with the op at {position}: {problem}"
+        )
+
+
+# Shape inference outside DTensor's runtime path (direct registry calls, planner
+# queries) is cached on what determines its result: the op, the input metas and
+# the non-tensor arguments. DTensor's runtime path passes the metas it computed.
+_META_CACHE_SIZE = 4096
+_meta_cache: dict[Any, OutputMetas] = {}
+_meta_cache_lock = threading.Lock()
+
+
+def _freeze(x: object) -> object:
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(_freeze(e) for e in x))
+    if isinstance(x, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
+    return x
+
+
+def _meta_cache_key(op_schema: OpSchema) -> Any:
+    device = None
+    for inp in tensor_inputs(op_schema):
+        device = inp.mesh.device_type
+        break
+    key = (
+        op_schema.op,
+        device,
+        _freeze(op_schema.args_meta),
+        _freeze(op_schema.kwargs_meta),
+    )
+    hash(key)  # raises TypeError for unhashable args (e.g. SymInts)
+    return key
+
+
+def output_metas_for(op_schema: OpSchema) -> OutputMetas:
+    """Shape inference for a strategy schema, run at most once per distinct key."""
+    from torch.distributed._functional_collectives import _are_we_tracing
+
+    if _are_we_tracing():
+        return infer_output_metas(op_schema)
+    try:
+        key = _meta_cache_key(op_schema)
+    except TypeError:
+        return infer_output_metas(op_schema)
+    with _meta_cache_lock:
+        if key in _meta_cache:
+            return _meta_cache[key]
+    metas = infer_output_metas(op_schema)
+    with _meta_cache_lock:
+        if len(_meta_cache) >= _META_CACHE_SIZE:
+            _meta_cache.pop(next(iter(_meta_cache)))
+        _meta_cache[key] = metas
+    return metas
+
+
+def _with_meta(spec: DTensorSpec, meta: TensorMeta) -> DTensorSpec:
+    if spec.tensor_meta is not None and spec.tensor_meta == meta:
+        return spec
+    return spec.shallow_copy_with_tensor_meta(meta)
+
+
+class _Finalizer:
+    """Finalizes the OpSpecs of one strategy for one (element) schema."""
+
+    def __init__(self, op: OpOverload, source: str) -> None:
+        self.op = op
+        self.source = source
+
+    def error(self, index: int, position: str, problem: str) -> StrategyContractError:
+        return StrategyContractError(self.op, self.source, index, position, problem)
+
+    def outputs(
+        self, index: int, out: object, metas: OutputMetas
+    ) -> DTensorSpec | tuple[DTensorSpec | None, ...] | None:
+        if metas is None:
+            # The op has no tensor result: whatever the strategy put there is moot.
+            return None
+        if isinstance(metas, TensorMeta):
+            if isinstance(out, (tuple, list)) and len(out) == 1:
+                out = out[0]
+            if not isinstance(out, DTensorSpec):
+                raise self.error(
+                    index, "output", f"the op returns a tensor but the spec is {out!r}"
+                )
+            return _with_meta(out, metas)
+        if isinstance(out, DTensorSpec):
+            # One spec for a multi-output op: every tensor output takes its placements.
+            out = tuple(out if m is not None else None for m in metas)
+        if not isinstance(out, (tuple, list)) or len(out) != len(metas):
+            raise self.error(
+                index,
+                "output",
+                f"the op has {len(metas)} results but the spec is {out!r}",
+            )
+        finalized: list[DTensorSpec | None] = []
+        for pos, (spec, meta) in enumerate(zip(out, metas)):
+            if meta is None:
+                finalized.append(None)
+            elif not isinstance(meta, TensorMeta):
+                raise self.error(
+                    index,
+                    f"output {pos}",
+                    "a list result needs a TupleStrategy with one child per element",
+                )
+            elif not isinstance(spec, DTensorSpec):
+                raise self.error(
+                    index, f"output {pos}", f"the result is a tensor but the spec is {spec!r}"
+                )
+            else:
+                finalized.append(_with_meta(spec, meta))
+        return tuple(finalized)
+
+    def inputs(
+        self, index: int, spec: OpSpec, inputs: list[OpStrategy]
+    ) -> list[DTensorSpec]:
+        input_specs = spec.input_specs
+        if input_specs is None:
+            # DTensor's convention: no input_specs means inputs follow the output.
+            out = spec.output_specs
+            if not isinstance(out, DTensorSpec):
+                raise self.error(
+                    index,
+                    "input_specs",
+                    "input_specs are missing and cannot be derived from a "
+                    f"non-single output spec {out!r}",
+                )
+            return [
+                DTensorSpec(
+                    out.mesh,
+                    out.placements,
+                    tensor_meta=inp.strategies[0].output_spec.tensor_meta,
+                    use_strided_shard_as_shard_order=out.use_strided_shard_as_shard_order,
+                )
+                for inp in inputs
+            ]
+        if len(input_specs) != len(inputs):
+            raise self.error(
+                index,
+                "input_specs",
+                f"the op has {len(inputs)} tensor inputs but the spec lists {len(input_specs)}",
+            )
+        finalized: list[DTensorSpec] = []
+        for pos, (s, inp) in enumerate(zip(input_specs, inputs)):
+            if not isinstance(s, DTensorSpec):
+                raise self.error(index, f"input {pos}", f"expected a DTensorSpec, got {s!r}")
+            meta = inp.strategies[0].output_spec.tensor_meta
+            finalized.append(s if meta is None else _with_meta(s, meta))
+        return finalized
+
+    def costs(
+        self,
+        spec: OpSpec,
+        input_specs: list[DTensorSpec],
+        inputs: list[OpStrategy],
+    ) -> list[list[float]]:
+        from torch.distributed.tensor._ops.utils import generate_redistribute_costs
+
+        given = spec.redistribute_cost
+        rows: list[list[float]] = []
+        for pos, (inp, target) in enumerate(zip(inputs, input_specs)):
+            row = given[pos] if given is not None and pos < len(given) else None
+            if row is None or len(row) != len(inp.strategies) or (
+                given is not None and len(given) != len(inputs)
+            ):
+                row = generate_redistribute_costs(inp, target)
+            rows.append(row)
+        return rows
+
+    def check_mesh(
+        self, index: int, output_specs: object, input_specs: list[DTensorSpec]
+    ) -> None:
+        if not input_specs:
+            return
+        mesh = input_specs[0].mesh
+        outs = output_specs if isinstance(output_specs, tuple) else (output_specs,)
+        for pos, out in enumerate(outs):
+            if isinstance(out, DTensorSpec) and out.mesh != mesh:
+                raise self.error(
+                    index,
+                    f"output {pos}",
+                    f"the output is on mesh {out.mesh} but input 0 is on {mesh}",
+                )
+
+    def op_strategy(
+        self, strategy: OpStrategy, inputs: list[OpStrategy], metas: OutputMetas
+    ) -> OpStrategy:
+        finalized: list[OpSpec] = []
+        for index, spec in enumerate(strategy.strategies):
+            input_specs = self.inputs(index, spec, inputs)
+            output_specs = self.outputs(index, spec.output_specs, metas)
+            self.check_mesh(index, output_specs, input_specs)
+            costs = self.costs(spec, input_specs, inputs)
+            finalized.append(
+                OpSpec(
+                    output_specs=output_specs,
+                    input_specs=input_specs,
+                    redistribute_cost=costs,
+                )
+            )
+        result = OpStrategy(finalized)
+        # Keep search annotations attached by the single-dim expansion.
+        for attr, value in vars(strategy).items():
+            if attr != "strategies":
+                setattr(result, attr, value)
+        return result
+
+
+def finalize_strategy(
+    op_schema: OpSchema,
+    strategy: StrategyType,
+    output_metas: OutputMetas,
+    source: str = "<strategy>",
+) -> StrategyType:
+    """Return ``strategy`` with every OpSpec completed to satisfy the contract.
+
+    Args:
+        op_schema: the strategy schema the strategy was produced for.
+        strategy: what the strategy function (or expansion) returned.
+        output_metas: the op's results as shape inference gives them (see
+            :func:`output_metas_for`).
+        source: the strategy's name, for error messages.
+    """
+    finalizer = _Finalizer(op_schema.op, source)
+    if isinstance(strategy, OpStrategy):
+        return finalizer.op_strategy(strategy, tensor_inputs(op_schema), output_metas)
+    if isinstance(strategy, TupleStrategy):
+        children: list[StrategyType] = []
+        for i, child in enumerate(strategy.children):
+            if not isinstance(child, OpStrategy):
+                raise finalizer.error(
+                    -1, f"child {i}", f"expected an OpStrategy, got {type(child).__name__}"
+                )
+            child_finalizer = _Finalizer(op_schema.op, f"{source} (child {i})")
+            children.append(
+                child_finalizer.op_strategy(
+                    child,
+                    tensor_inputs(element_schema(op_schema, i)),
+                    element_output_metas(op_schema.op, output_metas, i),
+                )
+            )
+        return TupleStrategy(
+            tuple(children) if isinstance(strategy.children, tuple) else children
+        )
+    raise StrategyContractError(
+        op_schema.op, source, -1, "strategy", f"unsupported strategy type {type(strategy).__name__}"
+    )
+
+
+_INFER: Any = object()
+
+
+class FinalizedStrategyFunc:
+    """A registered strategy function whose results always satisfy the contract.
+
+    ``ShardingPropagator.register_op_strategy`` stores these, so code that calls
+    ``propagator.op_strategy_funcs[op](op_schema)`` gets complete specs. DTensor's
+    runtime path passes the output metas it already computed, so shape inference
+    runs once per query.
+    """
+
+    def __init__(self, func: Callable[[OpSchema], StrategyType]) -> None:
+        self.func = func
+        functools.update_wrapper(self, func)
+
+    def __call__(
+        self, op_schema: OpSchema, output_metas: OutputMetas = _INFER
+    ) -> StrategyType:
+        strategy = self.func(op_schema)
+        if output_metas is _INFER:
+            output_metas = output_metas_for(op_schema)
+        return finalize_strategy(
+            op_schema, strategy, output_metas, getattr(self.func, "__name__", str(self.func))
+        )
+
+    def __repr__(self) -> str:
+        return f"FinalizedStrategyFunc({self.func!r})"
+
