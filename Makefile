@@ -1,0 +1,41 @@
+# Front door for the DTensor strategy-contract change (see tools/build.py).
+#
+#   make build            .venv (change applied) + .venv-stock (same pins, no change)
+#   make refresh          turn in-place edits in .venv's torch into patches/ and torch/
+#   make check-refreshed  fail if .venv holds edits the repo lacks
+#   make export           dist/dtensor-strategy-contract.patch + dist/PR.md
+#   make test             build, then run tools/test and test/distributed/tensor
+#   make audit            build, then run tools.audit (STRICT=1, OPS=...)
+#   make clean            remove both venvs and dist/
+
+PYTHON ?= python3.11
+VENV ?= .venv
+STOCK_VENV ?= .venv-stock
+PIP_ARGS ?=
+
+BUILD_TOOL = $(PYTHON) tools/build.py
+VENV_ARGS = --venv $(VENV) --stock-venv $(STOCK_VENV)
+TEST_DIRS = tools/test $(wildcard test/distributed/tensor)
+
+.PHONY: build refresh check-refreshed export test audit clean
+
+build:
+	$(BUILD_TOOL) build $(VENV_ARGS) $(if $(PIP_ARGS),--pip-args "$(PIP_ARGS)") $(if $(FORCE),--force)
+
+refresh:
+	$(BUILD_TOOL) refresh $(VENV_ARGS) $(if $(FORCE),--force)
+
+check-refreshed:
+	$(BUILD_TOOL) check-refreshed $(VENV_ARGS)
+
+export:
+	$(BUILD_TOOL) export $(VENV_ARGS)
+
+test: build
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(TEST_DIRS)
+
+audit: build
+	$(VENV)/bin/python -m tools.audit $(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)")
+
+clean:
+	rm -rf $(VENV) $(STOCK_VENV) dist
