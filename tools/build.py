@@ -21,7 +21,11 @@ This script turns that into something runnable and back again:
 ``refresh``
     Developers may edit upstream code in place in ``.venv``; ``refresh``
     turns those edits back into ``patches/`` and copies new modules back into
-    the repository's ``torch/``.
+    the repository's ``torch/``.  The diff base of a file is its pristine
+    copy in ``.venv/.pristine``; for a file that was never patched before,
+    pip keeps no original, so it is taken from ``.venv-stock`` (verified
+    against RECORD) and kept in ``.venv/.pristine`` from then on.  Refresh
+    refuses to run while the repository is newer than the last build.
 ``check-refreshed``
     Fails (exit code 3) when ``.venv`` and the repository disagree.
 ``export``
