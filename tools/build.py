@@ -715,8 +715,14 @@ def apply_to_tree(sources: Sources, target: Target, force: bool = False) -> Buil
         if original is None:
             if not installed.is_file():
                 raise BuildError(f"upstream file {installed} is missing; reinstall torch (`make clean build`)")
-            record.expect(rel, installed.read_bytes(), installed)  # raises: the file was tampered with
-            raise BuildError(f"internal error: no pristine text for {rel}")  # pragma: no cover
+            # No verified copy anywhere and the installed file differs from the wheel.
+            found = record_digest(installed.read_bytes())
+            raise BuildError(
+                f"{installed} does not match torch {TORCH_VERSION}'s RECORD (sha256 expected "
+                f"{record.digests[rel]}, found {found}) and there is no pristine copy to patch instead. "
+                "If you edited it in place, run `make refresh` first (it takes the original from the stock "
+                "venv); otherwise reinstall torch: `make clean build`"
+            )
         write_pristine = not target.pristine(rel).is_file()
         if rel in patches:
             patch = sources.read_patch(rel, patches[rel])
