@@ -15,7 +15,7 @@ a mesh mismatch) is a bug in the strategy and raises :class:`StrategyContractErr
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch._ops import OpOverload
@@ -34,6 +34,7 @@ from torch.distributed.tensor._ops.strategy_contract import (
     OutputMetas,
     tensor_inputs,
 )
+from torch.utils import _pytree as pytree
 
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "StrategyContractError",
     "finalize_strategy",
     "output_metas_for",
+    "specs_per_candidate",
 ]
 
 
@@ -108,6 +110,35 @@ def output_metas_for(op_schema: OpSchema) -> OutputMetas:
     return metas
 
 
+def _out_tensor_positions(op_schema: OpSchema) -> list[int]:
+    """Positions of ``out=`` tensors among the op's flattened tensor inputs."""
+    out_names = {a.name for a in op_schema.op._schema.arguments if a.is_out}
+    if not out_names:
+        return []
+
+    def count(x: object) -> int:
+        return sum(isinstance(leaf, OpStrategy) for leaf in pytree.tree_leaves(x))
+
+    position = count(op_schema.args_schema)
+    positions: list[int] = []
+    for name, value in op_schema.kwargs_schema.items():
+        n = count(value)
+        if name in out_names and n == 1:
+            positions.append(position)
+        position += n
+    return positions
+
+
+def _insert_out_specs(
+    input_specs: Sequence[DTensorSpec], out_positions: list[int], output_specs: object
+) -> list[DTensorSpec | None]:
+    outs = output_specs if isinstance(output_specs, (tuple, list)) else (output_specs,)
+    result: list[DTensorSpec | None] = list(input_specs)
+    for i, position in enumerate(out_positions):
+        result.insert(position, outs[i] if i < len(outs) else None)
+    return result
+
+
 def _with_meta(spec: DTensorSpec, meta: TensorMeta) -> DTensorSpec:
     if spec.tensor_meta is not None and spec.tensor_meta == meta:
         return spec
@@ -117,8 +148,9 @@ def _with_meta(spec: DTensorSpec, meta: TensorMeta) -> DTensorSpec:
 class _Finalizer:
     """Finalizes the OpSpecs of one strategy for one (element) schema."""
 
-    def __init__(self, op: OpOverload, source: str) -> None:
-        self.op = op
+    def __init__(self, op_schema: OpSchema, source: str) -> None:
+        self.op_schema = op_schema
+        self.op = op_schema.op
         self.source = source
 
     def error(self, index: int, position: str, problem: str) -> StrategyContractError:
@@ -188,6 +220,10 @@ class _Finalizer:
                 )
                 for inp in inputs
             ]
+        out_positions = _out_tensor_positions(self.op_schema)
+        if out_positions and len(input_specs) == len(inputs) - len(out_positions):
+            # ``out=`` tensors are written with the output's placements.
+            input_specs = _insert_out_specs(input_specs, out_positions, spec.output_specs)
         if len(input_specs) != len(inputs):
             raise self.error(
                 index,
@@ -275,7 +311,7 @@ def finalize_strategy(
             :func:`output_metas_for`).
         source: the strategy's name, for error messages.
     """
-    finalizer = _Finalizer(op_schema.op, source)
+    finalizer = _Finalizer(op_schema, source)
     if isinstance(strategy, OpStrategy):
         return finalizer.op_strategy(strategy, tensor_inputs(op_schema), output_metas)
     if isinstance(strategy, TupleStrategy):
@@ -285,11 +321,12 @@ def finalize_strategy(
                 raise finalizer.error(
                     -1, f"child {i}", f"expected an OpStrategy, got {type(child).__name__}"
                 )
-            child_finalizer = _Finalizer(op_schema.op, f"{source} (child {i})")
+            element = element_schema(op_schema, i)
+            child_finalizer = _Finalizer(element, f"{source} (child {i})")
             children.append(
                 child_finalizer.op_strategy(
                     child,
-                    tensor_inputs(element_schema(op_schema, i)),
+                    tensor_inputs(element),
                     element_output_metas(op_schema.op, output_metas, i),
                 )
             )
@@ -299,6 +336,30 @@ def finalize_strategy(
     raise StrategyContractError(
         op_schema.op, source, -1, "strategy", f"unsupported strategy type {type(strategy).__name__}"
     )
+
+
+def specs_per_candidate(
+    strategy: OpStrategy, build: Callable[[OpSpec], OpSpec]
+) -> list[OpSpec]:
+    """Build one OpSpec per candidate of ``strategy`` (an input's OpStrategy).
+
+    Some strategies refuse an input placement by raising (a view that would need
+    a redistribution, an unbind along a sharded dim). At runtime the input has one
+    placement and the refusal is the answer; a planner's query offers several, and a
+    refused candidate must only drop out. If every candidate is refused, the first
+    refusal is raised.
+    """
+    specs: list[OpSpec] = []
+    first_refusal: Exception | None = None
+    for candidate in strategy.strategies:
+        try:
+            specs.append(build(candidate))
+        except (RuntimeError, ValueError) as refusal:
+            if first_refusal is None:
+                first_refusal = refusal
+    if not specs and first_refusal is not None:
+        raise first_refusal
+    return specs
 
 
 _INFER: Any = object()
