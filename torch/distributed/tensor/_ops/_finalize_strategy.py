@@ -31,6 +31,7 @@ from torch.distributed.tensor._ops.strategy_contract import (
     element_output_metas,
     element_schema,
     infer_output_metas,
+    op_has_tensor_returns,
     OutputMetas,
     tensor_inputs,
 )
@@ -93,6 +94,9 @@ def output_metas_for(op_schema: OpSchema) -> OutputMetas:
     """Shape inference for a strategy schema, run at most once per distinct key."""
     from torch.distributed._functional_collectives import _are_we_tracing
 
+    if not op_has_tensor_returns(op_schema.op):
+        return None
+
     if _are_we_tracing():
         return infer_output_metas(op_schema)
     try:
@@ -145,6 +149,12 @@ def _with_meta(spec: DTensorSpec, meta: TensorMeta) -> DTensorSpec:
     return spec.shallow_copy_with_tensor_meta(meta)
 
 
+def _output_with_meta(spec: DTensorSpec, meta: TensorMeta) -> DTensorSpec:
+    # Always a fresh spec: strategies may hand out an input's spec as the output
+    # (the runtime input DTensor's own), which the output must not share.
+    return spec.shallow_copy_with_tensor_meta(meta)
+
+
 class _Finalizer:
     """Finalizes the OpSpecs of one strategy for one (element) schema."""
 
@@ -169,7 +179,7 @@ class _Finalizer:
                 raise self.error(
                     index, "output", f"the op returns a tensor but the spec is {out!r}"
                 )
-            return _with_meta(out, metas)
+            return _output_with_meta(out, metas)
         if isinstance(out, DTensorSpec):
             # One spec for a multi-output op: every tensor output takes its placements.
             out = tuple(out if m is not None else None for m in metas)
@@ -194,7 +204,7 @@ class _Finalizer:
                     index, f"output {pos}", f"the result is a tensor but the spec is {spec!r}"
                 )
             else:
-                finalized.append(_with_meta(spec, meta))
+                finalized.append(_output_with_meta(spec, meta))
         return tuple(finalized)
 
     def inputs(
