@@ -1,0 +1,352 @@
+# Owner: tools/audit. Run: python tools/test/test_audit.py  (or: python -m pytest tools/test/test_audit.py)
+"""Tests of the strategy-contract audit (tools/audit).
+
+Strategies are planted in DTensor's registries by hand, so every assertion holds
+whichever torch runs the tests (stock or built): a planted bad strategy must be
+counted under the clause it breaks, a planted exception must be reported with op
+and message, and ``--strict`` must fail on them.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+from pathlib import Path
+from unittest import mock
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._decompositions import DecompShardingStrategy
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import OpSpec, OpStrategy, OutputSharding, TupleStrategy
+from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from tools.audit import worker
+
+
+aten = torch.ops.aten
+CLAUSES = ("C1", "C2", "C3", "C4", "C5")
+
+# Planted into the worker subprocess with --preload: aten.t.default answers with
+# OpSpecs whose output has no tensor_meta (C1); aten.split.Tensor raises.
+PRELOAD = textwrap.dedent(
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
+
+    aten = torch.ops.aten
+    p = DTensor._op_dispatcher.sharding_propagator
+
+    def bad_t(op_schema):
+        inp = op_schema.args_schema[0]
+        n = len(inp.strategies)
+        return OpStrategy([
+            OpSpec(
+                output_specs=DTensorSpec(c.output_spec.mesh, c.output_spec.placements),
+                input_specs=(c.output_spec,),
+                redistribute_cost=[[0.0] * n],
+            )
+            for c in inp.strategies
+        ])
+
+    def boom(op_schema):
+        raise RuntimeError("planted by test_audit")
+
+    for op, fn in ((aten.t.default, bad_t), (aten.split.Tensor, boom)):
+        p.op_single_dim_strategy_funcs.pop(op, None)
+        p.op_strategy_funcs[op] = fn
+    """
+)
+
+
+def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
+    t = torch.empty(shape, dtype=dtype)
+    return TensorMeta(shape=t.shape, stride=t.stride(), dtype=dtype)
+
+
+def _call(op, args, kwargs=None) -> worker.Call:
+    kwargs = kwargs or {}
+    key = f"{op}|{worker.canon(args)}|{worker.canon(kwargs)}"
+    return worker.Call(op, args, kwargs, key, "forward", "test", ())
+
+
+@contextlib.contextmanager
+def planted(op, strategy_fn=None, rule_fn=None):
+    """Make ``op`` answer through ``strategy_fn`` (op strategy) or ``rule_fn`` (rule) only."""
+    p = DTensor._op_dispatcher.sharding_propagator
+    saved = {
+        "single": p.op_single_dim_strategy_funcs.pop(op, None),
+        "strategy": p.op_strategy_funcs.pop(op, None),
+        "rule": p.op_to_rules.pop(op, None),
+    }
+    with contextlib.ExitStack() as stack:
+        if strategy_fn is not None:
+            p.op_strategy_funcs[op] = strategy_fn
+        if rule_fn is not None:
+            p.op_to_rules[op] = rule_fn
+            real = DecompShardingStrategy.has_decomp
+            stack.enter_context(
+                mock.patch.object(
+                    DecompShardingStrategy, "has_decomp", staticmethod(lambda o: o != op and real(o))
+                )
+            )
+        try:
+            yield
+        finally:
+            p.op_strategy_funcs.pop(op, None)
+            p.op_to_rules.pop(op, None)
+            if saved["single"] is not None:
+                p.op_single_dim_strategy_funcs[op] = saved["single"]
+            if saved["strategy"] is not None:
+                p.op_strategy_funcs[op] = saved["strategy"]
+            if saved["rule"] is not None:
+                p.op_to_rules[op] = saved["rule"]
+
+
+def _no_meta_strategy(op_schema):
+    """One OpSpec per input candidate; outputs lack tensor_meta (C1), costs negative (C4)."""
+    inp = op_schema.args_schema[0]
+    n = len(inp.strategies)
+    return OpStrategy(
+        [
+            OpSpec(
+                output_specs=DTensorSpec(c.output_spec.mesh, c.output_spec.placements),
+                input_specs=(c.output_spec,),
+                redistribute_cost=[[-1.0] * n],
+            )
+            for c in inp.strategies
+        ]
+    )
+
+
+def _raising_strategy(op_schema):
+    raise ValueError("planted failure\nsecond line is dropped")
+
+
+class TestAuditInProcess(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.own_pg = not dist.is_initialized()
+        if cls.own_pg:
+            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+        cls.checker = worker.load_checker(worker.DEFAULT_CHECKER)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.own_pg and dist.is_initialized():
+            dist.destroy_process_group()
+        super().tearDownClass()
+
+    def auditor(self, meshes="4", modes="runtime,planner"):
+        args = argparse.Namespace(
+            role="test", meshes=meshes, modes=modes, max_candidates=16, tracebacks=False
+        )
+        return worker.Auditor(args, self.checker)
+
+    def result(self, auditor, mode, mesh):
+        return next(r for r in auditor.results() if r["mode"] == mode and r["mesh"] == mesh)
+
+    def test_violation_counted_under_its_clause(self):
+        call = _call(aten.t.default, (worker.TArg(_meta(4, 6)),))
+        a = self.auditor()
+        with planted(aten.t.default, strategy_fn=_no_meta_strategy):
+            self.assertEqual(a.registry(aten.t.default), "op_strategy")
+            a.audit_call(call, "op_strategy")
+        # runtime: all-Replicate and Shard(0) (4 >= mesh size 4): one OpSpec each
+        rt = self.result(a, "runtime", "4")
+        self.assertEqual(rt["ops_sampled"], 1)
+        self.assertEqual(rt["ops_with_violations"], 1)
+        self.assertEqual(rt["violations"], {"C1": 2, "C2": 0, "C3": 0, "C4": 2, "C5": 0})
+        self.assertEqual(rt["errors"], 0)
+        # planner: candidates R, S(0), S(1), P -> one OpSpec each
+        pl = self.result(a, "planner", "4")
+        self.assertEqual(pl["violations"], {"C1": 4, "C2": 0, "C3": 0, "C4": 4, "C5": 0})
+        (entry,) = pl["violating_ops"]
+        self.assertEqual(entry["op"], "aten.t.default")
+        self.assertEqual(entry["registry"], "op_strategy")
+        self.assertIn("got no tensor_meta", entry["examples"]["C1"]["violation"])
+        self.assertIn("-1.0", entry["examples"]["C4"]["violation"])
+        self.assertEqual(pl["by_registry"]["op_strategy"]["violations"]["C1"], 4)
+        # the runtime selection was recorded for both inputs
+        self.assertEqual(sorted(k.split("|", 1)[1] for k in a.selections), ["4|R", "4|S0"])
+
+    def test_exception_reported_with_op_and_message(self):
+        call = _call(aten.t.default, (worker.TArg(_meta(4, 6)),))
+        a = self.auditor(meshes="2x2")
+        with planted(aten.t.default, strategy_fn=_raising_strategy):
+            a.audit_call(call, "op_strategy")
+        for mode in ("runtime", "planner"):
+            r = self.result(a, mode, "2x2")
+            self.assertGreater(r["errors"], 0)
+            self.assertEqual(r["ops_with_errors"], 1)
+            self.assertEqual(sum(r["violations"].values()), 0)
+            (err,) = r["error_details"]
+            self.assertEqual(err["op"], "aten.t.default")
+            self.assertEqual(err["registry"], "op_strategy")
+            self.assertEqual(err["type"], "ValueError")
+            self.assertEqual(err["message"], "planted failure")
+            self.assertEqual(err["mesh"], "2x2")
+            self.assertIn("_raising_strategy", err["raised_at"])
+        # the selection raised too, and is recorded as such
+        self.assertTrue(all("error" in v for v in a.selections.values()))
+
+    def test_tuple_strategy_child_counted_as_c5(self):
+        metas = [_meta(4, 3), _meta(5)]
+        call = _call(aten._foreach_neg.default, ([worker.TArg(m) for m in metas],))
+
+        def tuple_strategy(op_schema):
+            (lst,) = op_schema.args_schema
+            self.assertIsInstance(lst, TupleStrategy)
+            return TupleStrategy(
+                [
+                    OpStrategy(
+                        [
+                            OpSpec(
+                                output_specs=DTensorSpec(c.output_spec.mesh, c.output_spec.placements),
+                                input_specs=(c.output_spec,),
+                                redistribute_cost=[[0.0] * len(child.strategies)],
+                            )
+                            for c in child.strategies
+                        ]
+                    )
+                    for child in lst.children
+                ]
+            )
+
+        a = self.auditor(modes="runtime")
+        with planted(aten._foreach_neg.default, strategy_fn=tuple_strategy):
+            a.audit_call(call, "op_strategy")
+        r = self.result(a, "runtime", "4")
+        # R config: 2 children x 1 OpSpec; S0 config (first tensor 4 >= 4): 2 more
+        self.assertEqual(r["violations"]["C5"], 4)
+        self.assertEqual(r["c5_by_child_clause"], {"C1": 4})
+        self.assertEqual(r["violations"]["C1"], 0)
+
+    def test_rule_held_to_c1_c2_only(self):
+        call = _call(aten.t.default, (worker.TArg(_meta(4, 6)),))
+
+        def rule(op_schema):
+            spec = op_schema.args_schema[0]
+            return OutputSharding(DTensorSpec(spec.mesh, spec.placements))  # no tensor_meta
+
+        a = self.auditor()
+        with planted(aten.t.default, rule_fn=rule):
+            self.assertEqual(a.registry(aten.t.default), "rules")
+            a.audit_call(call, "rules")
+        r = self.result(a, "runtime", "4")
+        self.assertEqual(r["violations"], {"C1": 2, "C2": 0, "C3": 0, "C4": 0, "C5": 0})
+        self.assertEqual(r["by_registry"]["rules"]["ops_with_violations"], 1)
+        # rules have no candidates: nothing is asked in planner mode
+        self.assertEqual(self.result(a, "planner", "4")["ops_sampled"], 0)
+
+    def test_planner_candidates(self):
+        a = self.auditor(meshes="4,2x2")
+        mesh4 = a.meshes[0][1]
+        cands = a.candidates(_meta(4, 3), mesh4)
+        self.assertEqual([str(c) for c in cands[:1]], ["(Replicate(),)"])
+        self.assertEqual(len(cands), 3)  # R, S(0), P: dim 1 (3) < 4 cannot be sharded
+        self.assertEqual(len(a.candidates(_meta(4, 3, dtype=torch.int64), mesh4)), 2)  # no Partial
+        mesh22 = a.meshes[1][1]
+        cands = a.candidates(_meta(4, 3, 2), mesh22)
+        self.assertEqual(len(cands), 16)  # 5 x 5 combinations, capped
+        self.assertEqual(str(cands[0]), "(Replicate(), Replicate())")
+
+
+class TestStrictRule(TestCase):
+    def test_skip_list_and_selection_mismatches(self):
+        import importlib
+
+        orchestrator = importlib.import_module("tools.audit.__main__")
+        rec = {
+            "torch": "built", "mode": "runtime", "mesh": "4",
+            "violating_ops": [{"op": "aten.a.default", "specs_by_clause": {"C1": 2, "C4": 1}}],
+            "error_details": [{"op": "aten.b.default", "count": 3}],
+        }
+        stock = dict(rec, torch="stock")
+        merged = {"results": [stock, rec], "skips": [], "selections": {"mismatches": []}}
+        reasons = orchestrator.strict_failures(merged)
+        self.assertEqual(len(reasons), 2)
+        self.assertIn("3 OpSpec violations in 1 ops", reasons[0])
+        self.assertIn("3 errors", reasons[1])
+        merged["skips"] = [{"op": "aten.a.default", "reason": "r"}]
+        self.assertEqual(len(orchestrator.strict_failures(merged)), 1)
+        merged["skips"].append({"op": "aten.b.default", "reason": "r"})
+        self.assertEqual(orchestrator.strict_failures(merged), [])
+        merged["selections"]["mismatches"] = [{"key": "k"}]
+        self.assertEqual(orchestrator.strict_failures(merged), ["1 runtime selections differ stock vs built"])
+
+
+def _run(cmd, **kw):
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, **kw)
+
+
+class TestAuditSubprocess(TestCase):
+    def test_worker_json_schema(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "w.json"
+            proc = _run(
+                [sys.executable, "-m", "tools.audit.worker", "--role", "built", "--out", str(out),
+                 "--ops", "mm,t,split", "--meshes", "4,2x2", "--max-samples", "2"]
+            )
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            self.assertIn("[audit built] query ops", proc.stderr)
+            doc = json.loads(out.read_text())
+        self.assertEqual(doc["torch"], "built")
+        keys = {(r["mode"], r["mesh"]) for r in doc["results"]}
+        self.assertEqual(keys, {("runtime", "4"), ("runtime", "2x2"), ("planner", "4"), ("planner", "2x2")})
+        for r in doc["results"]:
+            self.assertIsInstance(r["ops_sampled"], int)
+            self.assertGreaterEqual(r["ops_sampled"], 3)  # at least aten.mm, aten.t, aten.split
+            self.assertIsInstance(r["ops_with_violations"], int)
+            self.assertIsInstance(r["errors"], int)
+            self.assertEqual(sorted(r["violations"]), list(CLAUSES))
+            self.assertTrue(all(isinstance(v, int) for v in r["violations"].values()))
+            self.assertIsInstance(r["by_registry"], dict)
+        for reg in ("single_dim", "op_strategy", "decomposition", "rules"):
+            self.assertIn(reg, doc["coverage"])
+        self.assertTrue(doc["selections"])
+        self.assertGreater(doc["capture"]["stats"]["samples"], 0)
+
+    def test_strict_fails_on_planted_violation(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            preload = Path(tmp) / "plant.py"
+            preload.write_text(PRELOAD)
+            proc = _run(
+                [sys.executable, "-m", "tools.audit", "--only", "built", "--built-python", sys.executable,
+                 "--ops", "t,split", "--meshes", "4", "--modes", "runtime", "--max-samples", "1",
+                 "--preload", str(preload), "--out-dir", tmp, "--build-dir", tmp, "--strict"]
+            )
+            self.assertEqual(proc.returncode, 1, proc.stdout[-3000:] + proc.stderr[-3000:])
+            self.assertIn("FAIL", proc.stdout)
+            doc = json.loads((Path(tmp) / "audit.json").read_text())
+            md = (Path(tmp) / "audit.md").read_text()
+        (r,) = doc["results"]
+        self.assertEqual((r["torch"], r["mode"], r["mesh"]), ("built", "runtime", "4"))
+        self.assertGreater(r["violations"]["C1"], 0)
+        t = next(v for v in r["violating_ops"] if v["op"] == "aten.t.default")
+        self.assertEqual(t["registry"], "op_strategy")
+        self.assertIn("C1", t["specs_by_clause"])
+        err = next(e for e in r["error_details"] if e["op"] == "aten.split.Tensor")
+        self.assertEqual((err["type"], err["message"]), ("RuntimeError", "planted by test_audit"))
+        self.assertIsInstance(doc["skips"], list)
+        self.assertTrue(doc["strict"]["failures"])
+        self.assertIn("| runtime | 4 | built |", md)
+
+
+if __name__ == "__main__":
+    run_tests()
