@@ -1,0 +1,774 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates
+# Owner(s): ["oncall: distributed"]
+"""
+Targeted strategy-contract tests for the ops planners query most.
+
+Every test asks DTensor's strategy machinery for an op's strategy the way a
+planner or a direct caller does (see ``query_strategy``), on a 1-D, a 2-D and a
+3-D mesh, in three modes:
+
+* ``replicate``: every tensor input offers one replicated candidate (eager
+  dispatch of replicated DTensors),
+* ``sharded``: every tensor input offers one sharded candidate (eager dispatch
+  of sharded DTensors),
+* ``planner``: every tensor input offers many candidates at once.
+
+Each strategy is held to the contract C1-C5, and then to the one property of
+the op a consumer is most likely to get wrong when it reads the specs as they
+are: masked-off gradients, index dtypes, view strides, per-element list
+results, in-place placements, factory dtypes, ops without tensor results.
+Expected metadata comes from eager kernels on real tensors wherever they run on
+CPU, so the tests do not lean on the shape inference the machinery itself uses.
+"""
+
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    StrategyType,
+    TupleStrategy,
+)
+from torch.distributed.tensor._ops._finalize_strategy import StrategyContractError
+from torch.distributed.tensor.placement_types import (
+    Placement,
+    Replicate,
+    Shard,
+)
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    subtest,
+)
+from torch.testing._internal.distributed._tensor.contract_common import (
+    meta_of,
+    planner_candidates,
+    query_strategy,
+    replicated_candidate,
+    strategy_registry,
+    strategy_schema,
+    StrategyContractTestBase,
+)
+
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# 1-D, 2-D and 3-D meshes; all fit the harness's fake world of 8 ranks.
+MESHES: tuple[tuple[int, ...], ...] = ((4,), (2, 2), (2, 2, 2))
+MODES = ("replicate", "sharded", "planner")
+
+# A planner query offers at most this many candidates per tensor input. All of
+# them would make 3-D queries of multi-input ops take seconds each; a fixed
+# sample still mixes Replicate, every Shard(d) and Partial across mesh dims.
+PLANNER_CANDIDATE_LIMIT = 12
+
+Candidates = Callable[[DeviceMesh, TensorMeta], Sequence[Sequence[Placement]]]
+
+
+def mesh_name(shape: tuple[int, ...]) -> str:
+    return "x".join(str(s) for s in shape)
+
+
+def sharded_candidate(avoid: Sequence[int] = ()) -> Candidates:
+    """One evenly sharded candidate per input: mesh dim i shards the first
+    tensor dim from i on (cyclically, skipping ``avoid``) that divides evenly,
+    and replicates when none does."""
+
+    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
+        ndim = len(meta.shape)
+        pieces = [1] * ndim
+        placements: list[Placement] = []
+        for mesh_dim in range(mesh.ndim):
+            chosen: Placement = Replicate()
+            for k in range(ndim):
+                d = (mesh_dim + k) % ndim
+                n = pieces[d] * mesh.size(mesh_dim)
+                if d not in avoid and meta.shape[d] % n == 0:
+                    pieces[d] = n
+                    chosen = Shard(d)
+                    break
+            placements.append(chosen)
+        return [tuple(placements)]
+
+    return candidates
+
+
+def sampled_planner_candidates(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """``planner_candidates``, cut to a fixed sample of at most the limit.
+
+    The replicated candidate and an evenly sharded one are always kept, so a
+    planner query offers what both runtime queries offer (unless they avoid dims).
+    """
+    everything = planner_candidates(mesh, meta)
+    if len(everything) <= PLANNER_CANDIDATE_LIMIT:
+        return everything
+    keep = {everything[0], *map(tuple, sharded_candidate()(mesh, meta))}
+    rest = [c for c in everything if c not in keep]
+    picked = set(random.Random(len(everything)).sample(rest, PLANNER_CANDIDATE_LIMIT - len(keep)))
+    return [c for c in everything if c in keep or c in picked]
+
+
+def mode_candidates(mode: str, avoid: Sequence[int] = ()) -> Candidates:
+    """The candidates of ``mode``. ``avoid`` lists tensor dims the ``sharded``
+    mode leaves alone, because the op refuses them at runtime (e.g. the dim
+    ``unbind`` removes); a planner query offers them anyway and the strategy
+    must drop them, not fail."""
+    if mode == "replicate":
+        return replicated_candidate
+    if mode == "sharded":
+        return sharded_candidate(avoid)
+    if mode == "planner":
+        return sampled_planner_candidates
+    raise ValueError(mode)
+
+
+def short_dtype(dtype: torch.dtype) -> str:
+    return {
+        torch.float32: "f32",
+        torch.bfloat16: "bf16",
+        torch.float16: "f16",
+        torch.int64: "i64",
+        torch.int32: "i32",
+    }.get(dtype, str(dtype))
+
+
+def describe(spec: object) -> str:
+    """An output spec's metadata, for tables: dtype[shape]/stride, or None."""
+    if spec is None:
+        return "None"
+    if not isinstance(spec, DTensorSpec):
+        return type(spec).__name__
+    meta = spec.tensor_meta
+    if meta is None:
+        return "no meta"
+    return f"{short_dtype(meta.dtype)}{list(meta.shape)}/{tuple(meta.stride)}"
+
+
+def output_tuple(spec: OpSpec) -> tuple[object, ...]:
+    out = spec.output_specs
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class TestStrategyContractOps(StrategyContractTestBase):
+    # ---- helpers ----
+
+    def query(
+        self,
+        shape: tuple[int, ...],
+        mode: str,
+        op: torch._ops.OpOverload,
+        args: Sequence[object],
+        kwargs: dict[str, object] | None = None,
+        avoid: Sequence[int] = (),
+    ) -> tuple[OpSchema, StrategyType]:
+        """Query ``op``'s strategy in ``mode`` and assert the contract on it."""
+        mesh = self.mesh(shape)
+        schema = strategy_schema(mesh, op, args, kwargs, mode_candidates(mode, avoid))
+        strategy = query_strategy(schema, mesh)
+        self.assertIsNotNone(
+            strategy,
+            f"{op} ({strategy_registry(op)}) gave no strategy for a {mode} query",
+        )
+        self.assert_contract(schema, strategy)
+        return schema, strategy
+
+    def specs_of(self, strategy: StrategyType) -> list[OpSpec]:
+        self.assertIsInstance(strategy, OpStrategy)
+        self.assertGreater(len(strategy.strategies), 0)
+        return list(strategy.strategies)
+
+    def assert_output_metas(
+        self, strategy: StrategyType, expected: Sequence[TensorMeta | None]
+    ) -> None:
+        """Every OpSpec's outputs carry exactly ``expected`` (None where None)."""
+        for i, spec in enumerate(self.specs_of(strategy)):
+            outs = output_tuple(spec)
+            self.assertEqual(len(outs), len(expected), f"OpSpec {i}: {outs}")
+            for pos, (out, meta) in enumerate(zip(outs, expected)):
+                where = f"OpSpec {i} output {pos}"
+                if meta is None:
+                    self.assertIsNone(out, where)
+                else:
+                    self.assertIsInstance(out, DTensorSpec, where)
+                    self.assertEqual(out.tensor_meta, meta, where)
+
+    def output_table(
+        self, cases: Sequence[tuple[str, torch._ops.OpOverload, tuple, dict]]
+    ) -> str:
+        """Query every case on every mesh in every mode (asserting the contract)
+        and tabulate, per case and output position, the distinct output metas
+        found across all OpSpecs; one entry per cell means every spec agrees."""
+        rows = []
+        for label, op, args, kwargs in cases:
+            cells: list[list[str]] = []
+            for shape in MESHES:
+                for mode in MODES:
+                    with self.subTest(case=label, mesh=shape, mode=mode):
+                        _, strategy = self.query(shape, mode, op, args, kwargs)
+                        for spec in self.specs_of(strategy):
+                            for pos, out in enumerate(output_tuple(spec)):
+                                while len(cells) <= pos:
+                                    cells.append([])
+                                text = describe(out)
+                                if text not in cells[pos]:
+                                    cells[pos].append(text)
+            rows.append(f"{label}: " + " | ".join(" / ".join(c) for c in cells))
+        return "\n".join(rows)
+
+    # ---- backward ops with output masks ----
+
+    def test_convolution_backward_output_mask(self) -> None:
+        x, w = torch.randn(4, 3, 8, 8), torch.randn(6, 3, 3, 3)
+        grad_out = torch.randn(4, 6, 4, 4)  # stride 2, padding 1
+        conv = ([6], [2, 2], [1, 1], [1, 1], False, [0, 0], 1)
+        cases = []
+        for bits in range(8):
+            mask = [bool(bits & 4), bool(bits & 2), bool(bits & 1)]
+            label = "".join("T" if m else "F" for m in mask)
+            cases.append(
+                (label, aten.convolution_backward.default, (grad_out, x, w, *conv, mask), {})
+            )
+        # channels-last activations: grad_input and grad_weight follow that format
+        x_cl = x.to(memory_format=torch.channels_last)
+        g_cl = grad_out.to(memory_format=torch.channels_last)
+        cases.append(
+            ("TTT cl", aten.convolution_backward.default, (g_cl, x_cl, w, *conv, [True] * 3), {})
+        )
+        self.assertExpectedInline(
+            self.output_table(cases),
+            """\
+FFF: None | None | None
+FFT: None | None | f32[6]/(1,)
+FTF: None | f32[6, 3, 3, 3]/(27, 9, 3, 1) | None
+FTT: None | f32[6, 3, 3, 3]/(27, 9, 3, 1) | f32[6]/(1,)
+TFF: f32[4, 3, 8, 8]/(192, 64, 8, 1) | None | None
+TFT: f32[4, 3, 8, 8]/(192, 64, 8, 1) | None | f32[6]/(1,)
+TTF: f32[4, 3, 8, 8]/(192, 64, 8, 1) | f32[6, 3, 3, 3]/(27, 9, 3, 1) | None
+TTT: f32[4, 3, 8, 8]/(192, 64, 8, 1) | f32[6, 3, 3, 3]/(27, 9, 3, 1) | f32[6]/(1,)
+TTT cl: f32[4, 3, 8, 8]/(192, 1, 24, 3) | f32[6, 3, 3, 3]/(27, 1, 9, 3) | f32[6]/(1,)""",
+        )
+
+    def test_native_layer_norm_backward_output_mask(self) -> None:
+        x, grad = torch.randn(4, 6, 8), torch.randn(4, 6, 8)
+        mean, rstd = torch.randn(4, 6, 1), torch.rand(4, 6, 1)
+        w, b = torch.randn(8), torch.randn(8)
+        op = aten.native_layer_norm_backward.default
+        cases = []
+        for bits in range(8):
+            mask = [bool(bits & 4), bool(bits & 2), bool(bits & 1)]
+            label = "".join("T" if m else "F" for m in mask)
+            cases.append((label, op, (grad, x, [8], mean, rstd, w, b, mask), {}))
+        # without affine parameters, with the masks autograd passes then
+        no_affine = (grad, x, [8], mean, rstd, None, None, [True, False, False])
+        cases.append(("TFF no w/b", op, no_affine, {}))
+        cases.append(("TTF no b", op, (grad, x, [8], mean, rstd, w, None, [True, True, False]), {}))
+        self.assertExpectedInline(
+            self.output_table(cases),
+            """\
+FFF: None | None | None
+FFT: None | None | f32[8]/(1,)
+FTF: None | f32[8]/(1,) | None
+FTT: None | f32[8]/(1,) | f32[8]/(1,)
+TFF: f32[4, 6, 8]/(48, 8, 1) | None | None
+TFT: f32[4, 6, 8]/(48, 8, 1) | None | f32[8]/(1,)
+TTF: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | None
+TTT: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | f32[8]/(1,)
+TFF no w/b: f32[4, 6, 8]/(48, 8, 1) | None | None
+TTF no b: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | None""",
+        )
+
+    def test_fused_rms_norm_backward_output_mask(self) -> None:
+        x, grad = torch.randn(4, 6, 8), torch.randn(4, 6, 8)
+        rstd, w = torch.rand(4, 6, 1), torch.randn(8)
+        op = aten._fused_rms_norm_backward.default
+        cases = []
+        for bits in range(4):
+            mask = [bool(bits & 2), bool(bits & 1)]
+            label = "".join("T" if m else "F" for m in mask)
+            cases.append((label, op, (grad, x, [8], rstd, w, mask), {}))
+        cases.append(("TF no w", op, (grad, x, [8], rstd, None, [True, False]), {}))
+        self.assertExpectedInline(
+            self.output_table(cases),
+            """\
+FF: None | None
+FT: None | f32[8]/(1,)
+TF: f32[4, 6, 8]/(48, 8, 1) | None
+TT: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,)
+TF no w: f32[4, 6, 8]/(48, 8, 1) | None""",
+        )
+
+    # ---- attention backward ----
+
+    def sdpa_tensors(self) -> dict[str, torch.Tensor]:
+        b, h, length, e = 4, 4, 8, 16
+        return {
+            "q": torch.randn(b, h, length, e),
+            "k": torch.randn(b, h, length, e),
+            "v": torch.randn(b, h, length, e),
+            "out": torch.randn(b, h, length, e),
+            "grad": torch.randn(b, h, length, e),
+            "bias": torch.randn(b, h, length, length),
+            "seed": torch.zeros((), dtype=torch.int64),
+            "offset": torch.zeros((), dtype=torch.int64),
+        }
+
+    def test_efficient_attention_backward(self) -> None:
+        t = self.sdpa_tensors()
+        # the CUDA kernel pads logsumexp's last dim to a multiple of 32
+        lse = torch.randn(4, 4, 32)
+        op = aten._scaled_dot_product_efficient_attention_backward.default
+
+        def args(bias, mask):
+            return (t["grad"], t["q"], t["k"], t["v"], bias, t["out"], lse,
+                    t["seed"], t["offset"], 0.0, mask)
+
+        # Only grad_input_mask[3] (the bias) masks a result: the kernel computes
+        # the q/k/v gradients whatever the mask, laid out (batch, seq, heads, dim).
+        # grad_bias is a view of a buffer padded to a multiple of 16 in its last
+        # dim, so its strides are not the bias's.
+        cases = [
+            ("bias TTTT", op, args(t["bias"], [True] * 4), {}),
+            ("bias TTTF", op, args(t["bias"], [True, True, True, False]), {}),
+            ("bias FTFT", op, args(t["bias"], [False, True, False, True]), {}),
+            ("no bias TTTT", op, args(None, [True] * 4), {}),
+            ("no bias TTTF", op, args(None, [True, True, True, False]), {}),
+        ]
+        self.assertExpectedInline(
+            self.output_table(cases),
+            """\
+bias TTTT: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 8]/(512, 128, 16, 1)
+bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | None
+bias FTFT: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 8]/(512, 128, 16, 1)
+no bias TTTT: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | None
+no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | None""",
+        )
+
+    def test_flash_attention_backward(self) -> None:
+        t = self.sdpa_tensors()
+        lse = torch.randn(4, 4, 8)
+        cum_seq = torch.empty(0, dtype=torch.int64)
+        op = aten._scaled_dot_product_flash_attention_backward.default
+        args = (t["grad"], t["q"], t["k"], t["v"], t["out"], lse, cum_seq, cum_seq,
+                8, 8, 0.0, False, t["seed"], t["offset"])
+        self.assertExpectedInline(
+            self.output_table([("flash", op, args, {})]),
+            """flash: f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1)""",
+        )
+
+    def test_flash_attention_for_cpu(self) -> None:
+        t = self.sdpa_tensors()
+        op = aten._scaled_dot_product_flash_attention_for_cpu.default
+        expected = [meta_of(r) for r in op(t["q"], t["k"], t["v"])]
+        # logsumexp is laid out (batch, seq, heads): not contiguous
+        self.assertFalse(torch.empty_strided(expected[1].shape, expected[1].stride).is_contiguous())
+        for shape in MESHES:
+            for mode in MODES:
+                with self.subTest(mesh=shape, mode=mode):
+                    _, strategy = self.query(shape, mode, op, (t["q"], t["k"], t["v"]))
+                    self.assert_output_metas(strategy, expected)
+
+    def test_flash_attention_for_cpu_backward(self) -> None:
+        op = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        if strategy_registry(op) is None:
+            self.skipTest(f"{op} has no DTensor sharding strategy (no registry, no decomposition)")
+        t = self.sdpa_tensors()
+        fwd = aten._scaled_dot_product_flash_attention_for_cpu.default
+        out, lse = fwd(t["q"], t["k"], t["v"])
+        args = (t["grad"], t["q"], t["k"], t["v"], out, lse, 0.0, False)
+        expected = [meta_of(r) for r in op(*args)]
+        for shape in MESHES:
+            for mode in MODES:
+                with self.subTest(mesh=shape, mode=mode):
+                    _, strategy = self.query(shape, mode, op, args)
+                    self.assert_output_metas(strategy, expected)
+
+    # ---- index outputs ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_index_outputs_are_int64(self, shape: tuple[int, ...]) -> None:
+        x = torch.randn(8, 12).bfloat16()
+        cases = [
+            (aten.max.dim, (x, 1), torch.max(x, 1)),
+            (aten.min.dim, (x, 0, True), torch.min(x, 0, True)),
+            (aten.sort.default, (x, 1), torch.sort(x, 1)),
+            (aten.topk.default, (x, 3, 1), torch.topk(x, 3, 1)),
+        ]
+        for op, args, result in cases:
+            values, indices = (meta_of(r) for r in result)
+            self.assertEqual((values.dtype, indices.dtype), (torch.bfloat16, torch.int64))
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    _, strategy = self.query(shape, mode, op, args)
+                    self.assert_output_metas(strategy, [values, indices])
+
+    # ---- dtype conversion ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_dtype_conversion_output_dtype(self, shape: tuple[int, ...]) -> None:
+        x = torch.randn(8, 12).bfloat16()
+        cases = [
+            (prims.convert_element_type.default, (x, torch.float32), {}),
+            (aten._to_copy.default, (x,), {"dtype": torch.float32}),
+        ]
+        expected = meta_of(x.float())
+        for op, args, kwargs in cases:
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    _, strategy = self.query(shape, mode, op, args, kwargs)
+                    self.assert_output_metas(strategy, [expected])
+                    for spec in self.specs_of(strategy):
+                        self.assertEqual(spec.input_specs[0].tensor_meta.dtype, torch.bfloat16)
+
+    # ---- view ops: the op's strides ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_view_ops_output_strides(self, shape: tuple[int, ...]) -> None:
+        x, y, z = torch.randn(8, 12), torch.randn(4, 8, 8), torch.randn(4, 1, 8)
+        # (op, args, avoid: tensor dims the sharded mode leaves alone, result)
+        cases = [
+            (aten.t.default, (x,), (), x.t()),
+            (aten.transpose.int, (y, 0, 2), (), y.transpose(0, 2)),
+            (aten.select.int, (y, 1, 2), (1,), y.select(1, 2)),
+            (aten.diagonal.default, (y, 0, 1, 2), (1, 2), y.diagonal(0, 1, 2)),
+            (aten.view.default, (y, [4, 64]), (1, 2), y.view(4, 64)),
+            (aten.permute.default, (y, [2, 0, 1]), (), y.permute(2, 0, 1)),
+            (aten.expand.default, (z, [4, 6, 8]), (1,), z.expand(4, 6, 8)),
+        ]
+        for op, args, avoid, result in cases:
+            expected = meta_of(result)
+            if op is not aten.view.default:
+                # the test is only as good as the op's strides are its own
+                self.assertFalse(result.is_contiguous(), str(op))
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    _, strategy = self.query(shape, mode, op, args, avoid=avoid)
+                    self.assert_output_metas(strategy, [expected])
+
+    # ---- list results ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_list_results_one_spec_per_element(self, shape: tuple[int, ...]) -> None:
+        x, y = torch.randn(10, 8), torch.randn(4, 6, 8)
+        cases = [
+            (aten.split.Tensor, (x, 4), (0,), torch.split(x, 4)),  # 4, 4, 2
+            (aten.chunk.default, (x, 3), (0,), torch.chunk(x, 3)),  # 4, 4, 2
+            (aten.unbind.int, (y, 1), (1,), torch.unbind(y, 1)),
+        ]
+        for op, args, avoid, result in cases:
+            expected = [meta_of(r) for r in result]
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    _, strategy = self.query(shape, mode, op, args, avoid=avoid)
+                    self.assert_output_metas(strategy, expected)
+
+    # ---- foreach and fused optimizer ops ----
+
+    def foreach_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        # elements of different shapes, so a per-element mix-up shows
+        xs = [torch.randn(8, 12), torch.randn(4), torch.randn(2, 4, 4)]
+        return xs, [torch.randn_like(t) for t in xs]
+
+    def assert_children(
+        self,
+        strategy: StrategyType,
+        expected: Sequence[TensorMeta | None],
+        n_inputs: int,
+    ) -> None:
+        self.assertIsInstance(strategy, TupleStrategy)
+        self.assertEqual(len(strategy.children), len(expected))
+        for i, (child, meta) in enumerate(zip(strategy.children, expected)):
+            with self.subTest(child=i):
+                self.assert_output_metas(child, [meta])
+                for spec in self.specs_of(child):
+                    self.assertEqual(len(spec.input_specs), n_inputs)
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_foreach_ops_one_child_per_element(self, shape: tuple[int, ...]) -> None:
+        xs, ys = self.foreach_lists()
+        cases = [
+            (aten._foreach_add.List, (xs, ys), torch._foreach_add(xs, ys), 2),
+            (aten._foreach_mul.Scalar, (xs, 2.0), torch._foreach_mul(xs, 2.0), 1),
+            (aten._foreach_norm.Scalar, (xs, 2), torch._foreach_norm(xs, 2), 1),
+            # in place: the op returns nothing, so every element's output is None
+            (aten._foreach_add_.List, (xs, ys), [None] * len(xs), 2),
+        ]
+        for op, args, result, n_inputs in cases:
+            expected = [None if r is None else meta_of(r) for r in result]
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    _, strategy = self.query(shape, mode, op, args)
+                    self.assert_children(strategy, expected, n_inputs)
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_fused_adam(self, shape: tuple[int, ...]) -> None:
+        for op in (aten._fused_adam_.default, aten._fused_adamw_.default):
+            if strategy_registry(op) is None:
+                continue
+            for amsgrad in (False, True):
+                params, grads = self.foreach_lists()
+                exp_avgs = [torch.randn_like(t) for t in params]
+                exp_avg_sqs = [torch.rand_like(t) for t in params]
+                max_sqs = [torch.rand_like(t) for t in params] if amsgrad else []
+                steps = [torch.tensor(1.0) for _ in params]
+                kwargs = dict(lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.01,
+                              eps=1e-8, amsgrad=amsgrad, maximize=False)
+                args = (params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps)
+                for mode in MODES:
+                    with self.subTest(op=str(op), amsgrad=amsgrad, mode=mode):
+                        _, strategy = self.query(shape, mode, op, args, kwargs)
+                        # one child per parameter, inputs: its element of each list
+                        self.assert_children(strategy, [None] * 3, 6 if amsgrad else 5)
+
+    # ---- in-place and out= ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_inplace_output_is_self(self, shape: tuple[int, ...]) -> None:
+        x, y = torch.randn(8, 12), torch.randn(8, 12)
+        for op in (aten.add_.Tensor, aten.mul_.Tensor):
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    schema, strategy = self.query(shape, mode, op, (x, y))
+                    self_candidates = {
+                        c.output_spec.placements for c in schema.args_schema[0].strategies
+                    }
+                    for i, spec in enumerate(self.specs_of(strategy)):
+                        self_spec = spec.input_specs[0]
+                        # the result is self: same placement, and self is never redistributed
+                        self.assertEqual(
+                            spec.output_specs.placements, self_spec.placements, f"OpSpec {i}"
+                        )
+                        self.assertIn(self_spec.placements, self_candidates, f"OpSpec {i}")
+                        self.assertEqual(spec.output_specs.tensor_meta, meta_of(x))
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_out_variant_output_is_out(self, shape: tuple[int, ...]) -> None:
+        a, b, c = torch.randn(8, 12), torch.randn(8, 12), torch.randn(12, 4)
+        cases = [
+            (aten.add.out, (a, b), torch.empty(8, 12)),
+            (aten.mm.out, (a, c), torch.empty(8, 4)),
+        ]
+        for op, args, out in cases:
+            if strategy_registry(op) is None:
+                continue
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    schema, strategy = self.query(shape, mode, op, args, {"out": out})
+                    out_candidates = {
+                        c.output_spec.placements for c in schema.kwargs_schema["out"].strategies
+                    }
+                    for i, spec in enumerate(self.specs_of(strategy)):
+                        out_spec = spec.input_specs[-1]  # kwargs come after args
+                        self.assertEqual(
+                            spec.output_specs.placements, out_spec.placements, f"OpSpec {i}"
+                        )
+                        self.assertIn(out_spec.placements, out_candidates, f"OpSpec {i}")
+                        self.assertEqual(spec.output_specs.tensor_meta, meta_of(out))
+
+    # ---- factory-like ops and ops without tensor results ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_factory_like_dtype_from_kwarg(self, shape: tuple[int, ...]) -> None:
+        x = torch.randn(8, 12)
+        cases = [
+            (aten.zeros_like.default, (x,), {"dtype": torch.bfloat16}),
+            (aten.empty_like.default, (x,), {"dtype": torch.float16}),
+            (aten.new_zeros.default, (x, [4, 6]), {"dtype": torch.int32}),
+            (aten.full_like.default, (x, 2), {"dtype": torch.int64}),
+        ]
+        for op, args, kwargs in cases:
+            expected = meta_of(op(*args, **kwargs))
+            self.assertEqual(expected.dtype, kwargs["dtype"])
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    _, strategy = self.query(shape, mode, op, args, kwargs)
+                    self.assert_output_metas(strategy, [expected])
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_no_tensor_result(self, shape: tuple[int, ...]) -> None:
+        x, y = torch.randn(8, 12), torch.randn(8, 12)
+        cases = [
+            (aten.equal.default, (x, y)),
+            (aten.is_same_size.default, (x, y)),
+            (aten._local_scalar_dense.default, (torch.tensor(3.0),)),
+        ]
+        for op, args in cases:
+            if strategy_registry(op) is None:
+                continue
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    _, strategy = self.query(shape, mode, op, args)
+                    for i, spec in enumerate(self.specs_of(strategy)):
+                        self.assertIsNone(spec.output_specs, f"OpSpec {i}")
+                        self.assertEqual(len(spec.input_specs), len(args))
+
+    # ---- planner queries with candidates a strategy cannot use ----
+
+    @parametrize(
+        "case",
+        [("view", shape) for shape in MESHES] + [("unbind", shape) for shape in MESHES],
+        name_fn=lambda case: f"{case[0]}_{mesh_name(case[1])}",
+    )
+    def test_planner_query_with_unusable_candidates(self, case) -> None:
+        """A planner offers every candidate; one a strategy cannot use must be
+        left out (or redistributed), not fail the whole query."""
+        name, shape = case
+        y = torch.randn(4, 6, 8)
+        if name == "view":
+            op, args = aten.view.default, (y, [4, 48])
+            candidates = planner_candidates  # all of them, uneven ones included
+        else:
+            op, args = aten.unbind.int, (y, 1)
+            candidates = lambda mesh, meta: [  # noqa: E731
+                (Replicate(),) * mesh.ndim,
+                (Shard(0),) + (Replicate(),) * (mesh.ndim - 1),
+                (Shard(1),) + (Replicate(),) * (mesh.ndim - 1),
+            ]
+        mesh = self.mesh(shape)
+        schema = strategy_schema(mesh, op, args, {}, candidates)
+        strategy = query_strategy(schema, mesh)
+        self.assertIsNotNone(strategy)
+        self.assert_contract(schema, strategy)
+        # the usable candidates still get their strategies (Shard(0) is one)
+        self.assertTrue(
+            any(
+                spec.input_specs[0].placements[0] == Shard(0)
+                for spec in self.specs_of(strategy)
+            ),
+            [spec.input_specs[0].placements for spec in self.specs_of(strategy)],
+        )
+
+    # ---- strategies that break the contract ----
+
+    def register_temporarily(self, op, strategy_func) -> None:
+        """Register ``strategy_func`` for ``op`` until the end of the test."""
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        saved = (
+            propagator.op_strategy_funcs.get(op),
+            propagator.op_to_schema_info.get(op),
+        )
+
+        def restore() -> None:
+            for registry, value in zip(
+                (propagator.op_strategy_funcs, propagator.op_to_schema_info), saved
+            ):
+                if value is None:
+                    registry.pop(op, None)
+                else:
+                    registry[op] = value
+            propagator.propagate_op_sharding.cache_clear()
+
+        self.addCleanup(restore)
+        propagator.register_op_strategy(op, strategy_func)
+
+    def assert_contract_error(
+        self, op, strategy_func, args, position: str
+    ) -> StrategyContractError:
+        self.register_temporarily(op, strategy_func)
+        mesh = self.mesh((2, 2))
+        schema = strategy_schema(mesh, op, args, {}, sampled_planner_candidates)
+        with self.assertRaises(StrategyContractError) as ctx:
+            query_strategy(schema, mesh)
+        message = str(ctx.exception)
+        self.assertNotIsInstance(ctx.exception, AssertionError)
+        self.assertIn(str(op), message)
+        # the strategy function's name, quoted (a TupleStrategy child adds "(child i)")
+        self.assertIn(f"strategy '{strategy_func.__name__}", message)
+        self.assertIn(f"at {position}:", message)
+        return ctx.exception
+
+    def test_bad_strategy_none_for_tensor_output(self) -> None:
+        op = torch.ops.strategy_contract_ops_test.one_out.default
+
+        def none_output_strategy(op_schema: OpSchema) -> OpStrategy:
+            inp = op_schema.args_schema[0]
+            return OpStrategy(
+                [OpSpec(None, input_specs=[c.output_spec]) for c in inp.strategies]
+            )
+
+        err = self.assert_contract_error(
+            op, none_output_strategy, (torch.randn(4, 6),), "output"
+        )
+        self.assertIn("the op returns a tensor but the spec is None", str(err))
+
+    def test_bad_strategy_wrong_number_of_outputs(self) -> None:
+        op = torch.ops.strategy_contract_ops_test.two_out.default
+
+        def three_outputs_strategy(op_schema: OpSchema) -> OpStrategy:
+            inp = op_schema.args_schema[0]
+            specs = []
+            for c in inp.strategies:
+                out = DTensorSpec(c.output_spec.mesh, c.output_spec.placements)
+                specs.append(OpSpec((out, out, out), input_specs=[c.output_spec]))
+            return OpStrategy(specs)
+
+        err = self.assert_contract_error(
+            op, three_outputs_strategy, (torch.randn(4, 6),), "output"
+        )
+        self.assertIn("the op has 2 results", str(err))
+
+    def test_bad_strategy_list_child_none_output(self) -> None:
+        op = torch.ops.strategy_contract_ops_test.list_out.default
+
+        def bad_child_strategy(op_schema: OpSchema) -> TupleStrategy:
+            children = []
+            for i, child in enumerate(op_schema.args_schema[0].children):
+                specs = [
+                    OpSpec(
+                        None if i == 1 else c.output_spec,
+                        input_specs=[c.output_spec],
+                    )
+                    for c in child.strategies
+                ]
+                children.append(OpStrategy(specs))
+            return TupleStrategy(children)
+
+        err = self.assert_contract_error(
+            op, bad_child_strategy, ([torch.randn(4, 6), torch.randn(8)],), "output"
+        )
+        self.assertIn("(child 1)", str(err))
+
+    def test_bad_strategy_surfaces_at_runtime(self) -> None:
+        """DTensor's own dispatch hits the same error, naming the op."""
+        op = torch.ops.strategy_contract_ops_test.one_out.default
+
+        def none_output_at_runtime(op_schema: OpSchema) -> OpStrategy:
+            inp = op_schema.args_schema[0]
+            return OpStrategy([OpSpec(None, input_specs=[inp.strategies[0].output_spec])])
+
+        self.register_temporarily(op, none_output_at_runtime)
+        mesh = self.mesh((4,))
+        x = DTensor.from_local(torch.randn(3, 5), mesh, [Replicate()], run_check=False)
+        with self.assertRaises(RuntimeError) as ctx:
+            op(x)
+        cause = ctx.exception
+        while cause is not None and not isinstance(cause, StrategyContractError):
+            cause = cause.__cause__ or cause.__context__
+        self.assertIsInstance(cause, StrategyContractError, str(ctx.exception))
+        self.assertIn("'none_output_at_runtime'", str(ctx.exception))
+
+
+# Test-only ops for the bad-strategy tests, so no real op's registration is touched.
+_TEST_LIB = torch.library.Library("strategy_contract_ops_test", "DEF")
+_TEST_LIB.define("one_out(Tensor x) -> Tensor")
+_TEST_LIB.define("two_out(Tensor x) -> (Tensor, Tensor)")
+_TEST_LIB.define("list_out(Tensor[] xs) -> Tensor[]")
+_TEST_LIB.impl("one_out", lambda x: x.clone(), "CompositeExplicitAutograd")
+_TEST_LIB.impl("two_out", lambda x: (x.clone(), x.sum(0)), "CompositeExplicitAutograd")
+_TEST_LIB.impl("list_out", lambda xs: [x.clone() for x in xs], "CompositeExplicitAutograd")
+
+
+instantiate_parametrized_tests(TestStrategyContractOps)
+
+
+if __name__ == "__main__":
+    run_tests()
