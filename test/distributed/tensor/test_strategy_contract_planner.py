@@ -1,0 +1,456 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates
+# Owner(s): ["oncall: distributed"]
+"""
+A downstream planner consuming DTensor's strategies as they come.
+
+The test traces a small model's forward and backward into an aten graph and walks
+it in topological order, as an auto-sharding planner does: every tensor carries a
+set of candidate placements, each op is asked for its strategies given its inputs'
+candidates, and the strategies' output specs become the candidates of the op's
+result. Nothing is post-processed: every strategy must satisfy the contract C1-C5
+as returned, its output metas must be the traced ones, and its redistribute costs,
+indexed by the producers' candidates, must let the planner pick a complete plan.
+"""
+
+import math
+import operator
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch._ops import OpOverload
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._decompositions import DecompShardingStrategy
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    StrategyType,
+    TupleStrategy,
+)
+from torch.distributed.tensor._ops.single_dim_strategy import (
+    _expand_single_dim_strategy_to_mesh,
+)
+from torch.distributed.tensor._ops.strategy_contract import (
+    infer_output_metas,
+    OutputMetas,
+)
+from torch.distributed.tensor._ops.utils import generate_redistribute_costs
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+)
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+from torch.testing._internal.distributed._tensor.contract_common import (
+    meta_of,
+    op_strategy,
+    planner_candidates,
+    StrategyContractTestBase,
+)
+from torch.utils import _pytree as pytree
+
+
+aten = torch.ops.aten
+
+# Candidate placements carried per tensor, at most; keeps queries small.
+CANDIDATE_CAP = 12
+
+# aten ops of the traced graphs that DTensor cannot answer. The planner does not
+# query them (the walk checks that DTensor still declines): their inputs are
+# replicated and their results are replicated.
+NOT_QUERIED: dict[OpOverload, str] = {
+    aten.hardswish_backward.default: (
+        "no registered strategy and its decomposition does not trace on DTensor "
+        "specs (decomposition path returns None; eager raises NotImplementedError, "
+        "on stock torch too)"
+    ),
+}
+
+
+def cap_candidates(
+    candidates: Sequence[tuple[Placement, ...]],
+    cap: int = CANDIDATE_CAP,
+    keep: tuple[Placement, ...] | None = None,
+) -> list[tuple[Placement, ...]]:
+    """At most ``cap`` candidates, evenly spread over ``candidates`` in order.
+
+    The first candidate is always kept, and so is ``keep`` (the placement the
+    plan chose), so that consumers can find it.
+    """
+    unique: list[tuple[Placement, ...]] = []
+    for c in candidates:
+        if c not in unique:
+            unique.append(c)
+    if len(unique) > cap:
+        unique = [unique[i * len(unique) // cap] for i in range(cap)]
+    if keep is not None and keep not in unique:
+        unique[-1] = keep
+    return unique
+
+
+def traced_metas(val: object) -> OutputMetas:
+    """Output metas of a traced node, shaped like ``infer_output_metas``'s."""
+    if isinstance(val, torch.Tensor):
+        return meta_of(val)
+    if isinstance(val, (list, tuple)):
+        return type(val)(traced_metas(v) for v in val)
+    return None
+
+
+def is_meta(x: object) -> bool:
+    return isinstance(x, TensorMeta)
+
+
+def query_strategy(
+    propagator: ShardingPropagator, mesh: DeviceMesh, schema: OpSchema
+) -> tuple[str, StrategyType | None]:
+    """(registry, strategy) for a strategy schema, asked as DTensor's runtime asks.
+
+    Single-dim strategies first, then registered op strategies, then the
+    decomposition-derived strategy; output metas are left to the machinery.
+    """
+    op = schema.op
+    info = propagator.op_single_dim_strategy_funcs.get(op)
+    if info is not None:
+        expand = _expand_single_dim_strategy_to_mesh(mesh, schema, info, None)
+        return "single_dim", expand(op, schema.args_meta, schema.kwargs_meta)
+    func = propagator.op_strategy_funcs.get(op)
+    if func is not None:
+        return "op_strategy", func(schema)
+    if DecompShardingStrategy.has_decomp(op):
+        propagator.decomp_strategy.ensure_schema_info(op)
+        return "decomposition", propagator.decomp_strategy.propagate_strategy(schema)
+    return "none", None
+
+
+@dataclass
+class Produced:
+    """What a node hands its consumers: per output, candidates and the plan's pick."""
+
+    # One candidate list per output (a single entry for a one-tensor result).
+    candidates: list[list[tuple[Placement, ...]]]
+    chosen: list[tuple[Placement, ...] | None]
+
+
+@dataclass
+class WalkReport:
+    registries: Counter[str] = field(default_factory=Counter)
+    not_queried: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    plan_cost: float = 0.0
+    queried_nodes: int = 0
+
+
+class PlannerWalk:
+    """Walks an aten graph as a planner would; see the module docstring."""
+
+    def __init__(
+        self, test: StrategyContractTestBase, mesh: DeviceMesh, graph: torch.fx.Graph
+    ) -> None:
+        self.test = test
+        self.mesh = mesh
+        self.graph = graph
+        self.propagator = DTensor._op_dispatcher.sharding_propagator
+        self.produced: dict[torch.fx.Node, Produced] = {}
+        self.report = WalkReport()
+        self.replicate = (Replicate(),) * mesh.ndim
+
+    # ---- inputs of a query ----
+
+    def input_strategy(self, node: torch.fx.Node) -> OpStrategy:
+        produced = self.produced[node]
+        meta = meta_of(node.meta["val"])
+        return op_strategy(self.mesh, meta, *produced.candidates[0])
+
+    def to_schema_arg(self, arg: object) -> object:
+        if isinstance(arg, torch.fx.Node):
+            return self.input_strategy(arg)
+        if isinstance(arg, (list, tuple)) and any(isinstance(a, torch.fx.Node) for a in arg):
+            converted = [self.to_schema_arg(a) for a in arg]
+            if all(isinstance(a, torch.fx.Node) for a in arg):
+                # A tensor list, as DTensor wraps one.
+                return TupleStrategy(tuple(converted) if isinstance(arg, tuple) else converted)
+            return converted
+        return arg
+
+    def schema_for(self, node: torch.fx.Node) -> OpSchema:
+        op = node.target
+        info = self.propagator.op_to_schema_info.get(
+            op
+        ) or self.propagator.op_to_schema_info_for_single_dim_strategy.get(op)
+        return OpSchema(
+            op,
+            tuple(self.to_schema_arg(a) for a in node.args),
+            {k: self.to_schema_arg(v) for k, v in node.kwargs.items()},
+            schema_info=info,
+        )
+
+    def tensor_input_nodes(self, node: torch.fx.Node) -> list[torch.fx.Node]:
+        leaves = pytree.tree_leaves((list(node.args), list(node.kwargs.values())))
+        return [leaf for leaf in leaves if isinstance(leaf, torch.fx.Node)]
+
+    # ---- the walk ----
+
+    def run(self) -> WalkReport:
+        for node in self.graph.nodes:
+            if node.op == "placeholder":
+                meta = meta_of(node.meta["val"])
+                candidates = cap_candidates(planner_candidates(self.mesh, meta))
+                self.produced[node] = Produced([candidates], [candidates[0]])
+            elif node.op == "output":
+                continue
+            elif node.op == "call_function" and node.target is operator.getitem:
+                source, index = node.args
+                produced = self.produced[source]
+                self.produced[node] = Produced(
+                    [produced.candidates[index]], [produced.chosen[index]]
+                )
+            elif node.op == "call_function" and isinstance(node.target, OpOverload):
+                try:
+                    self.visit_op(node)
+                except Exception as e:  # a crash is as much a failure as a violation
+                    self.report.failures.append(
+                        f"{node.name} ({node.target}): {type(e).__name__}: {e}"
+                    )
+                    self.replicated_result(node)
+            else:
+                self.report.failures.append(
+                    f"{node.name}: unexpected node {node.op} {node.target}"
+                )
+        return self.report
+
+    def replicated_result(self, node: torch.fx.Node) -> None:
+        """Hand consumers a replicated result (unsupported op, or a failed node)."""
+        metas = traced_metas(node.meta["val"])
+        if is_meta(metas) or metas is None:
+            self.produced[node] = Produced([[self.replicate]], [self.replicate])
+        else:
+            n = len(metas)
+            self.produced[node] = Produced([[self.replicate]] * n, [self.replicate] * n)
+
+    def chosen_cost_to(self, node: torch.fx.Node, target: tuple[Placement, ...]) -> float:
+        """Cost of moving every tensor input from its chosen placement to ``target``."""
+        total = 0.0
+        for producer in self.tensor_input_nodes(node):
+            strategy = self.input_strategy(producer)
+            spec = DTensorSpec(
+                self.mesh, target, tensor_meta=strategy.strategies[0].output_spec.tensor_meta
+            )
+            costs = generate_redistribute_costs(strategy, spec)
+            total += costs[self.chosen_index(producer)]
+        return total
+
+    def chosen_index(self, producer: torch.fx.Node) -> int:
+        produced = self.produced[producer]
+        return produced.candidates[0].index(produced.chosen[0])
+
+    def visit_op(self, node: torch.fx.Node) -> None:
+        op = node.target
+        schema = self.schema_for(node)
+        if op in NOT_QUERIED:
+            _, strategy = query_strategy(self.propagator, self.mesh, schema)
+            self.test.assertIsNone(
+                strategy,
+                f"DTensor now answers {op}: drop it from NOT_QUERIED and query it",
+            )
+            self.report.not_queried.append(node.name)
+            self.report.plan_cost += self.chosen_cost_to(node, self.replicate)
+            self.replicated_result(node)
+            return
+
+        registry, strategy = query_strategy(self.propagator, self.mesh, schema)
+        self.report.registries[registry] += 1
+        self.report.queried_nodes += 1
+        self.test.assertIsNotNone(
+            strategy, f"{registry} returned no strategy; list the op in NOT_QUERIED"
+        )
+        self.test.assertIsInstance(
+            strategy, OpStrategy, "this walk handles ops with tensor (tuple) results"
+        )
+        expected = traced_metas(node.meta["val"])
+        # C1-C5 against the traced metas: outputs carry what tracing recorded.
+        self.test.assert_contract(schema, strategy, expected)
+        # The contract's own reference agrees with the trace.
+        self.test.assertEqual(infer_output_metas(schema), expected)
+        self.plan(node, strategy, expected)
+
+    def plan(self, node: torch.fx.Node, strategy: OpStrategy, metas: OutputMetas) -> None:
+        """Pick the cheapest OpSpec given the producers' picks; carry candidates on."""
+        producers = self.tensor_input_nodes(node)
+        picks = [self.chosen_index(p) for p in producers]
+        best: tuple[float, int] | None = None
+        for index, spec in enumerate(strategy.strategies):
+            rows = spec.redistribute_cost
+            cost = sum(float(row[pick]) for row, pick in zip(rows, picks))
+            if math.isfinite(cost) and (best is None or cost < best[0]):
+                best = (cost, index)
+        self.test.assertIsNotNone(
+            best, "no OpSpec is reachable at finite cost from the producers' picks"
+        )
+        cost, index = best
+        self.report.plan_cost += cost
+
+        def outputs(spec: OpSpec) -> list[DTensorSpec | None]:
+            out = spec.output_specs
+            return [out] if isinstance(out, DTensorSpec) else list(out)
+
+        n_outputs = 1 if is_meta(metas) else len(metas)
+        chosen = outputs(strategy.strategies[index])
+        candidates: list[list[tuple[Placement, ...]]] = []
+        picked: list[tuple[Placement, ...] | None] = []
+        for pos in range(n_outputs):
+            if chosen[pos] is None:
+                candidates.append([])
+                picked.append(None)
+                continue
+            # Candidates of this output: placements of the OpSpecs any producer
+            # candidate reaches at finite cost.
+            reachable = [
+                outputs(spec)[pos].placements
+                for spec in strategy.strategies
+                if all(
+                    any(math.isfinite(float(c)) for c in row) for row in spec.redistribute_cost
+                )
+            ]
+            candidates.append(cap_candidates(reachable, keep=chosen[pos].placements))
+            picked.append(chosen[pos].placements)
+        self.produced[node] = Produced(candidates, picked)
+
+
+# ---- models ----
+
+
+def mlp_loss_and_grads(
+    activation: Callable[[torch.Tensor], torch.Tensor],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """Linear -> LayerNorm -> activation -> Linear -> loss, and the parameters' grads."""
+
+    def step(
+        x: torch.Tensor,
+        target: torch.Tensor,
+        w1: torch.Tensor,
+        b1: torch.Tensor,
+        ln_w: torch.Tensor,
+        ln_b: torch.Tensor,
+        w2: torch.Tensor,
+        b2: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        h = F.linear(x, w1, b1)
+        h = F.layer_norm(h, (h.shape[-1],), ln_w, ln_b)
+        h = activation(h)
+        out = F.linear(h, w2, b2)
+        loss = loss_fn(out, target)
+        params = (w1, b1, ln_w, ln_b, w2, b2)
+        return (loss, *torch.autograd.grad(loss, params))
+
+    return step
+
+
+# name -> (activation, loss, target factory); batch 8, 8 features, hidden 16, 4 outputs.
+MODELS: dict[str, tuple[Callable, Callable, Callable[[], torch.Tensor]]] = {
+    "relu_cross_entropy": (
+        F.relu,
+        F.cross_entropy,
+        lambda: torch.randint(0, 4, (8,)),
+    ),
+    # hardswish and mse_loss (forward and backward) only have decomposition-derived
+    # strategies.
+    "hardswish_mse": (F.hardswish, F.mse_loss, lambda: torch.randn(8, 4)),
+}
+
+
+def trace_model(name: str) -> torch.fx.GraphModule:
+    activation, loss_fn, make_target = MODELS[name]
+    torch.manual_seed(0)
+    x = torch.randn(8, 8)
+    params = [
+        torch.randn(16, 8),
+        torch.randn(16),
+        torch.ones(16),
+        torch.zeros(16),
+        torch.randn(4, 16),
+        torch.randn(4),
+    ]
+    params = [p.requires_grad_() for p in params]
+    return make_fx(mlp_loss_and_grads(activation, loss_fn), tracing_mode="fake")(
+        x, make_target(), *params
+    )
+
+
+class TestPlannerConsumesStrategies(StrategyContractTestBase):
+    def test_cap_candidates(self) -> None:
+        R, S0, S1, P = Replicate(), Shard(0), Shard(1), Partial()
+        pool = [(a, b) for a in (R, S0, S1, P) for b in (R, S0, S1, P)]
+        capped = cap_candidates(pool, cap=5)
+        self.assertEqual(capped, [pool[0], pool[3], pool[6], pool[9], pool[12]])
+        self.assertEqual(cap_candidates(pool, cap=5), capped)
+        self.assertEqual(cap_candidates(pool, cap=5, keep=(P, P))[-1], (P, P))
+        self.assertEqual(cap_candidates([(R, R), (R, R), (S0, R)]), [(R, R), (S0, R)])
+
+    @parametrize("mesh_shape", [(2, 2), (2, 4)], name_fn=lambda s: "x".join(map(str, s)))
+    @parametrize("model", list(MODELS))
+    def test_planner_walk(self, model: str, mesh_shape: tuple[int, int]) -> None:
+        gm = trace_model(model)
+        report = PlannerWalk(self, self.mesh(mesh_shape), gm.graph).run()
+        if report.failures:
+            self.fail(
+                f"{len(report.failures)} node(s) failed:\n" + "\n".join(report.failures)
+            )
+        ops = [n for n in gm.graph.nodes if isinstance(n.target, OpOverload)]
+        self.assertEqual(report.queried_nodes + len(report.not_queried), len(ops))
+        self.assertTrue(math.isfinite(report.plan_cost))
+        # The graphs keep exercising every registry a planner goes through.
+        self.assertGreater(report.registries["single_dim"], 0)
+        self.assertGreater(report.registries["op_strategy"], 0)
+        if model == "hardswish_mse":
+            self.assertGreaterEqual(report.registries["decomposition"], 3)
+            self.assertEqual(len(report.not_queried), 1)
+        else:
+            self.assertEqual(report.not_queried, [])
+
+    def test_walk_detects_a_broken_strategy(self) -> None:
+        """The walk fails a node whose strategy breaks the contract (C1 here)."""
+        gm = trace_model("relu_cross_entropy")
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        func = propagator.op_strategy_funcs[aten.t.default]
+
+        def wrong_meta(schema: OpSchema, *args: Any) -> StrategyType:
+            strategy = func(schema, *args)
+            for spec in strategy.strategies:
+                meta = spec.output_specs.tensor_meta
+                spec.output_specs = spec.output_specs.shallow_copy_with_tensor_meta(
+                    TensorMeta(meta.shape, meta.stride, torch.float64)
+                )
+            return strategy
+
+        from unittest import mock
+
+        with mock.patch.dict(propagator.op_strategy_funcs, {aten.t.default: wrong_meta}):
+            report = PlannerWalk(self, self.mesh((2, 2)), gm.graph).run()
+        t_nodes = [n.name for n in gm.graph.nodes if n.target is aten.t.default]
+        self.assertEqual(
+            [f.split(" ")[0] for f in report.failures], t_nodes, "\n".join(report.failures)
+        )
+        self.assertIn("C1", report.failures[0])
+
+
+instantiate_parametrized_tests(TestPlannerConsumesStrategies)
+
+
+if __name__ == "__main__":
+    run_tests()
