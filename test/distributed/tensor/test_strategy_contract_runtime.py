@@ -22,7 +22,6 @@ import contextlib
 import functools
 import itertools
 import sys
-import unittest
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -590,10 +589,8 @@ class TestShapeInferenceCount(StrategyContractTestBase):
         self.assert_inferences(op, 1, lambda: query((8, 4)))
         self.assert_contract(self.planner_schema(op, [(8, 4)]), query((8, 4)))
 
-    # fails until: output_metas_for keys its cache on Python equality of the
-    # non-tensor args, and 2 == 2.0 (as True == 1), so add.Tensor(int64, 2.0) reuses
-    # the int64 output meta cached for add.Tensor(int64, 2) instead of float32 (C1).
-    @unittest.expectedFailure
+    # 2 == 2.0 (as True == 1) in Python, so a cache keyed on plain equality of the
+    # non-tensor args would reuse int64 for add.Tensor(int64, 2.0) (C1).
     def test_registry_cache_distinguishes_scalar_types(self) -> None:
         op = aten.add.Tensor
         info = self.p.op_single_dim_strategy_funcs[op]

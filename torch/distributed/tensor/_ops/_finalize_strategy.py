@@ -72,6 +72,9 @@ def _freeze(x: object) -> object:
         return (type(x).__name__, tuple(_freeze(e) for e in x))
     if isinstance(x, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
+    if isinstance(x, (bool, int, float, complex)):
+        # 2 == 2.0 == True in Python, but they promote differently
+        return (type(x).__name__, x)
     return x
 
 
