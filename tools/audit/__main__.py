@@ -420,6 +420,9 @@ def coverage_rows(merged: dict) -> list[list]:
 def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -> str:
     out: list[str] = []
     h = (lambda t: f"### {t}") if md else (lambda t: f"\n== {t} ==")
+    # long sections fold away in markdown (the README shows the summary first)
+    fold = (lambda t: f"<details><summary><b>{t}</b></summary>\n") if md else h
+    unfold = "\n</details>" if md else ""
     cfg = merged["config"]
     torches = merged["torches"]
     if md:
@@ -456,15 +459,16 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
             out.append("")
             out.append("Built, outside the skip list (what `--strict` checks): " + "; ".join(parts) + ".")
     out.append("")
-    out.append(h("Per registry"))
+    out.append(fold("Per registry"))
     out.append(table(["mode mesh", "registry", "torch", "ops", "ops w/ viol", *CLAUSES, "errors", "no strategy"],
                      registry_rows(merged), md))
+    out.append(unfold)
 
     focus = "built" if "built" in merged["coverage"] else next(iter(merged["coverage"]), None)
     if focus is not None:
         worst = offenders(merged, focus, top)
         out.append("")
-        out.append(h(f"Top offending ops ({focus}), {len(worst)} shown"))
+        out.append(fold(f"Top offending ops ({focus}), {len(worst)} shown"))
         if worst:
             rows = [[e["op"], e["registry"], e["total"],
                      " ".join(f"{c}:{n}" for c, n in sorted(e["clauses"].items())),
@@ -472,9 +476,10 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
             out.append(table(["op", "registry", "OpSpecs", "clauses", "example"], rows, md))
         else:
             out.append("none")
+        out.append(unfold)
         cats = violation_categories(merged, focus)
         out.append("")
-        out.append(h(f"Violation categories ({focus}): {len(cats)}"))
+        out.append(fold(f"Violation categories ({focus}): {len(cats)}"))
         if cats:
             n = top if not md else min(top, 10)
             rows = [[c["registry"], c["clause"], len(c["ops"]), c["specs"], _ops_list(c["ops"], 3),
@@ -484,9 +489,10 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
                 out.append(f"... {len(cats) - n} more categories in reports/audit.json (violating_ops)")
         else:
             out.append("none")
+        out.append(unfold)
         errs = error_summary(merged, focus)
         out.append("")
-        out.append(h(f"Errors ({focus}), by cause: {len(errs)}"))
+        out.append(fold(f"Errors ({focus}), by cause: {len(errs)}"))
         if errs:
             n = top if not md else min(top, 10)
             rows = [[e["registry"], len(e["ops"]), e["count"], ",".join(sorted(e["where"])),
@@ -497,6 +503,7 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
                 out.append(f"... {len(errs) - n} more causes in reports/audit.json (error_details)")
         else:
             out.append("none")
+        out.append(unfold)
 
     out.append("")
     out.append(h("Coverage (registered ops reached by OpInfo samples)"))
