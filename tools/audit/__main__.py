@@ -94,7 +94,7 @@ class Progress:
 def worker_command(python: str, role: str, out: Path, args: argparse.Namespace) -> list[str]:
     cmd = [python, "-m", "tools.audit.worker", "--role", role, "--out", str(out)]
     for flag in ("ops", "meshes", "modes", "dtypes", "max_samples", "max_calls_per_op", "max_candidates",
-                 "foreach_tensors", "checker", "preload"):
+                 "foreach_tensors", "query_timeout", "checker", "preload"):
         value = getattr(args, flag)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
@@ -594,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-candidates", type=int, default=None, help="planner candidates per input (default 16)")
     ap.add_argument("--foreach-tensors", type=int, default=None,
                     help="tensors per list in foreach samples (default 8; 0: the OpInfo default, 20)")
+    ap.add_argument("--query-timeout", type=float, default=None,
+                    help="CPU seconds per query before it counts as a QueryTimeout error (default 60; 0: none)")
     ap.add_argument("--checker", default=None, help="strategy_contract.py to judge with (default: the repo's)")
     ap.add_argument("--tracebacks", action="store_true", help="keep short tracebacks in error details")
     ap.add_argument("--preload", default=None,

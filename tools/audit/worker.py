@@ -21,17 +21,21 @@ Steps:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import hashlib
 import importlib.util
 import itertools
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +66,8 @@ def _short_error(exc: BaseException) -> tuple[str, str]:
 
 def _raised_at(exc: BaseException) -> str:
     """``file.py:line in func`` of the innermost frame that raised (empty messages need it)."""
+    if getattr(exc, "where", None):
+        return exc.where
     tb = exc.__traceback__
     last = None
     while tb is not None:
@@ -504,6 +510,37 @@ def _count_specs(strategy: Any) -> int:
 # --------------------------------------------------------------------------------------
 
 
+class QueryTimeout(BaseException):
+    """A query used more CPU time than --query-timeout.
+
+    A BaseException, so that DTensor's own ``except Exception`` (decomposition
+    fallbacks, for instance) cannot swallow it and keep going.
+    """
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise QueryTimeout in the block once it used ``seconds`` of CPU time (main thread only)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        exc = QueryTimeout(f"query used more than {seconds:g}s of CPU (--query-timeout)")
+        if frame is not None:
+            # where the query was when time ran out, not this handler
+            exc.where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        raise exc
+
+    previous = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
 class Auditor:
     def __init__(self, args: argparse.Namespace, checker: Any) -> None:
         import torch
@@ -782,19 +819,30 @@ class Auditor:
                     t0 = time.monotonic()
                     runtime = self.runtime_schema(call, reg, mesh, placements)
                     strategy_schema = self.p._wrap_with_op_strategy(runtime)
+                    timed_out = False
                     try:
-                        if reg == "rules":
-                            strategy = self.query_rule(runtime, strategy_schema)
-                        else:
-                            strategy = self.query_strategy("runtime", reg, mesh, runtime, strategy_schema)
-                    except Exception as e:
+                        with time_limit(self.args.query_timeout):
+                            if reg == "rules":
+                                strategy = self.query_rule(runtime, strategy_schema)
+                            else:
+                                strategy = self.query_strategy("runtime", reg, mesh, runtime, strategy_schema)
+                    except (Exception, QueryTimeout) as e:
+                        timed_out = isinstance(e, QueryTimeout)
                         self.record_error(e, op, reg, "runtime", mesh_name, what, call)
                         total, by_reg = self.bucket("runtime", mesh_name, reg)
                         total.add_error(op)
                         by_reg.add_error(op)
                     else:
                         self.judge("runtime", mesh_name, reg, call, what, strategy_schema, strategy, metas)
-                    self.selections[f"{call.qid}|{mesh_name}|{cfg}"] = {"op": op, **self.select(runtime)}
+                    if timed_out:
+                        sel = {"error": "QueryTimeout: not selected, the strategy query timed out"}
+                    else:
+                        try:
+                            with time_limit(self.args.query_timeout):
+                                sel = self.select(runtime)
+                        except QueryTimeout as e:
+                            sel = {"error": f"QueryTimeout: {e}"}
+                    self.selections[f"{call.qid}|{mesh_name}|{cfg}"] = {"op": op, **sel}
                     self.timed(t0, op, what)
 
             if "planner" in self.modes and reg != "rules":
@@ -802,8 +850,9 @@ class Auditor:
                 t0 = time.monotonic()
                 try:
                     strategy_schema = self.planner_schema(call, reg, mesh)
-                    strategy = self.query_strategy("planner", reg, mesh, None, strategy_schema)
-                except Exception as e:
+                    with time_limit(self.args.query_timeout):
+                        strategy = self.query_strategy("planner", reg, mesh, None, strategy_schema)
+                except (Exception, QueryTimeout) as e:
                     self.record_error(e, op, reg, "planner", mesh_name, what, call)
                     total, by_reg = self.bucket("planner", mesh_name, reg)
                     total.add_error(op)
@@ -860,6 +909,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="tensors per list in foreach samples (0: the OpInfo default, 20)")
     ap.add_argument("--checker", default=str(DEFAULT_CHECKER), help="path of strategy_contract.py")
     ap.add_argument("--tracebacks", action="store_true", help="keep short tracebacks in error details")
+    ap.add_argument("--query-timeout", type=float, default=60.0,
+                    help="CPU seconds one query may take before it is recorded as a QueryTimeout error (0: none)")
     ap.add_argument("--preload", default=None, help="python file to run after setup, before querying")
     args = ap.parse_args(argv)
 
@@ -972,6 +1023,7 @@ def main(argv: list[str] | None = None) -> int:
             "meshes": args.meshes, "modes": args.modes, "dtypes": args.dtypes,
             "max_samples": args.max_samples, "max_calls_per_op": args.max_calls_per_op,
             "max_candidates": args.max_candidates, "foreach_tensors": args.foreach_tensors,
+            "query_timeout": args.query_timeout,
             "preload": args.preload,
         },
         "capture": capture_info,

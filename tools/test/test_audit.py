@@ -154,7 +154,8 @@ class TestAuditInProcess(TestCase):
 
     def auditor(self, meshes="4", modes="runtime,planner"):
         args = argparse.Namespace(
-            role="test", meshes=meshes, modes=modes, max_candidates=16, tracebacks=False
+            role="test", meshes=meshes, modes=modes, max_candidates=16, tracebacks=False,
+            query_timeout=60.0,
         )
         return worker.Auditor(args, self.checker)
 
@@ -204,6 +205,23 @@ class TestAuditInProcess(TestCase):
             self.assertIn("_raising_strategy", err["raised_at"])
         # the selection raised too, and is recorded as such
         self.assertTrue(all("error" in v for v in a.selections.values()))
+
+    def test_hanging_query_reported_as_timeout(self):
+        call = _call(aten.t.default, (worker.TArg(_meta(4, 6)),))
+
+        def spin(op_schema):
+            while True:
+                pass
+
+        a = self.auditor(modes="planner")
+        a.args.query_timeout = 0.3
+        with planted(aten.t.default, strategy_fn=spin):
+            a.audit_call(call, "op_strategy")
+        r = self.result(a, "planner", "4")
+        self.assertEqual(r["errors"], 1)
+        (err,) = r["error_details"]
+        self.assertEqual((err["op"], err["type"]), ("aten.t.default", "QueryTimeout"))
+        self.assertIn("spin", err["raised_at"])
 
     def test_tuple_strategy_child_counted_as_c5(self):
         metas = [_meta(4, 3), _meta(5)]
