@@ -213,6 +213,8 @@ def infer_output_metas(op_schema: OpSchema) -> OutputMetas:
             return _spec_to_fake(x, device)
         return x
 
+    # Under make_fx, this global-shape computation must not be recorded into the
+    # traced graph: it only derives metadata for the (local) computation.
     fake_mode = detect_fake_mode() or FakeTensorMode()
     with fake_mode, disable_proxy_modes_tracing():
         args, kwargs = pytree.tree_map(
