@@ -44,6 +44,7 @@ __all__ = [
     "finalize_strategy",
     "output_metas_for",
     "specs_per_candidate",
+    "strategy_name",
 ]
 
 
@@ -375,6 +376,12 @@ def specs_per_candidate(
     return specs
 
 
+def strategy_name(strategy: object) -> str:
+    """A strategy function's name for error messages (through registration wrappers)."""
+    func = getattr(strategy, "func", strategy)
+    return getattr(func, "__name__", repr(func))
+
+
 _INFER: Any = object()
 
 
@@ -398,7 +405,7 @@ class FinalizedStrategyFunc:
         if output_metas is _INFER:
             output_metas = output_metas_for(op_schema)
         return finalize_strategy(
-            op_schema, strategy, output_metas, getattr(self.func, "__name__", str(self.func))
+            op_schema, strategy, output_metas, strategy_name(self.func)
         )
 
     def __repr__(self) -> str:
