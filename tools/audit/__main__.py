@@ -183,20 +183,33 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path) -> 
 # --------------------------------------------------------------------------------------
 
 
+# How a runtime selection moved from stock to built. "changed" (both selected, differently)
+# and "regressed" (stock selected, built raised) fail --strict; "newly_supported" (stock
+# raised, built selected) and "error_changed" (both raised, differently) are reported only.
+SELECTION_KINDS = ("changed", "regressed", "newly_supported", "error_changed")
+STRICT_SELECTION_KINDS = ("changed", "regressed")
+
+
 def compare_selections(docs: dict[str, dict]) -> dict:
     if not all(r in docs for r in ROLES):
-        return {"compared": 0, "mismatches": [], "only_stock": 0, "only_built": 0}
+        return {"compared": 0, "mismatches": [], "by_kind": {}, "only_stock": 0, "only_built": 0}
     s, b = docs["stock"]["selections"], docs["built"]["selections"]
     common = sorted(set(s) & set(b))
     mismatches = []
     for key in common:
         if s[key] != b[key]:
             _, mesh, cfg = key.split("|")
-            mismatches.append({"key": key, "op": s[key]["op"], "mesh": mesh, "config": cfg,
+            stock_err, built_err = "error" in s[key], "error" in b[key]
+            kind = ("error_changed" if built_err else "newly_supported") if stock_err else (
+                "regressed" if built_err else "changed")
+            mismatches.append({"key": key, "op": s[key]["op"], "mesh": mesh, "config": cfg, "kind": kind,
                                "stock": s[key], "built": b[key]})
+    # the ones that fail --strict first
+    mismatches.sort(key=lambda m: (SELECTION_KINDS.index(m["kind"]), m["op"], m["key"]))
     return {
         "compared": len(common),
         "mismatches": mismatches,
+        "by_kind": {k: sum(1 for m in mismatches if m["kind"] == k) for k in SELECTION_KINDS},
         "only_stock": len(set(s) - set(b)),
         "only_built": len(set(b) - set(s)),
         "errors": {role: sum(1 for v in docs[role]["selections"].values() if "error" in v) for role in ROLES},
@@ -251,9 +264,11 @@ def strict_failures(merged: dict) -> list[str]:
             reasons.append(f"built {r['mode']} mesh {r['mesh']}: {nviol} OpSpec violations in {nops} ops")
         if nerr:
             reasons.append(f"built {r['mode']} mesh {r['mesh']}: {nerr} errors")
-    n = len(merged["selections"]["mismatches"])
-    if n:
-        reasons.append(f"{n} runtime selections differ stock vs built")
+    bad = [m for m in merged["selections"]["mismatches"] if m.get("kind", "changed") in STRICT_SELECTION_KINDS]
+    if bad:
+        kinds = ", ".join(f"{sum(1 for m in bad if m.get('kind', 'changed') == k)} {k}"
+                          for k in STRICT_SELECTION_KINDS if any(m.get("kind", "changed") == k for m in bad))
+        reasons.append(f"{len(bad)} runtime selections differ stock vs built ({kinds})")
     return reasons
 
 
@@ -540,15 +555,24 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
     out.append("")
     out.append(h("Runtime selections, stock vs built"))
     errs = sel.get("errors", {})
+    kinds = sel.get("by_kind", {})
     out.append(
         f"{sel['compared']} runtime queries compared (output placements, needs_redistribute, redistribute "
-        f"placements): {len(sel['mismatches'])} differ; {sel['only_stock']} only in stock, "
-        f"{sel['only_built']} only in built; selection raised in stock {errs.get('stock', 0)}, built {errs.get('built', 0)}."
+        f"placements): {len(sel['mismatches'])} differ ("
+        + ", ".join(f"{kinds.get(k, 0)} {k}" for k in SELECTION_KINDS)
+        + f"); {sel['only_stock']} only in stock, {sel['only_built']} only in built; selection raised in "
+        f"stock {errs.get('stock', 0)}, built {errs.get('built', 0)}. "
+        "`changed` (both selected, differently) and `regressed` (built raises where stock selected) fail "
+        "`--strict`; `newly_supported` (stock raised, built selects) and `error_changed` are reported only."
     )
     if sel["mismatches"]:
-        rows = [[m["op"], m["mesh"], m["config"], json.dumps(m["stock"])[:90], json.dumps(m["built"])[:90]]
+        rows = [[m["op"], m["mesh"], m["config"], m.get("kind", ""),
+                 _code(json.dumps({k: v for k, v in m["stock"].items() if k != "op"}), 80, md),
+                 _code(json.dumps({k: v for k, v in m["built"].items() if k != "op"}), 80, md)]
                 for m in sel["mismatches"][:top]]
-        out.append(table(["op", "mesh", "inputs", "stock", "built"], rows, md))
+        out.append(table(["op", "mesh", "inputs", "kind", "stock", "built"], rows, md))
+        if len(sel["mismatches"]) > top:
+            out.append(f"... {len(sel['mismatches']) - top} more in reports/audit.json (selections.mismatches)")
 
     if not md:
         out.append("")

@@ -305,8 +305,29 @@ class TestStrictRule(TestCase):
         self.assertEqual(len(orchestrator.strict_failures(merged)), 1)
         merged["skips"].append({"op": "aten.b.default", "reason": "r"})
         self.assertEqual(orchestrator.strict_failures(merged), [])
-        merged["selections"]["mismatches"] = [{"key": "k"}]
-        self.assertEqual(orchestrator.strict_failures(merged), ["1 runtime selections differ stock vs built"])
+        merged["selections"]["mismatches"] = [{"key": "k", "kind": "newly_supported"}]
+        self.assertEqual(orchestrator.strict_failures(merged), [])
+        merged["selections"]["mismatches"].append({"key": "k2", "kind": "changed"})
+        self.assertEqual(
+            orchestrator.strict_failures(merged), ["1 runtime selections differ stock vs built (1 changed)"]
+        )
+
+    def test_selection_kinds(self):
+        import importlib
+
+        orchestrator = importlib.import_module("tools.audit.__main__")
+        ok = {"op": "aten.x", "output": "(Replicate(),)", "needs_redistribute": False}
+        other = {"op": "aten.x", "output": "(Shard(dim=0),)", "needs_redistribute": False}
+        err = {"op": "aten.x", "error": "RuntimeError: no"}
+        err2 = {"op": "aten.x", "error": "ValueError: no"}
+        stock = {"a|4|R": ok, "b|4|R": ok, "c|4|R": err, "d|4|R": err, "e|4|R": ok}
+        built = {"a|4|R": other, "b|4|R": err, "c|4|R": ok, "d|4|R": err2, "e|4|R": ok}
+        sel = orchestrator.compare_selections({"stock": {"selections": stock}, "built": {"selections": built}})
+        self.assertEqual(sel["compared"], 5)
+        self.assertEqual(
+            sel["by_kind"], {"changed": 1, "regressed": 1, "newly_supported": 1, "error_changed": 1}
+        )
+        self.assertEqual([m["key"] for m in sel["mismatches"]][:2], ["a|4|R", "b|4|R"])
 
 
 def _run(cmd, **kw):
