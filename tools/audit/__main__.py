@@ -565,14 +565,27 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
         "`changed` (both selected, differently) and `regressed` (built raises where stock selected) fail "
         "`--strict`; `newly_supported` (stock raised, built selects) and `error_changed` are reported only."
     )
-    if sel["mismatches"]:
+    for kind in SELECTION_KINDS:
+        per_op: dict[str, int] = {}
+        for m in sel["mismatches"]:
+            if m.get("kind") == kind:
+                per_op[m["op"]] = per_op.get(m["op"], 0) + 1
+        if per_op:
+            out.append(f"{'- ' if md else '  '}{kind}: " + ", ".join(
+                f"{op.replace('aten.', '')} ({n})" for op, n in sorted(per_op.items())))
+    shown = sel["mismatches"]
+    if md:
+        # the README only needs the rows that fail --strict
+        shown = [m for m in shown if m.get("kind", "changed") in STRICT_SELECTION_KINDS]
+    if shown:
+        out.append("")
         rows = [[m["op"], m["mesh"], m["config"], m.get("kind", ""),
                  _code(json.dumps({k: v for k, v in m["stock"].items() if k != "op"}), 80, md),
                  _code(json.dumps({k: v for k, v in m["built"].items() if k != "op"}), 80, md)]
-                for m in sel["mismatches"][:top]]
+                for m in shown[:top]]
         out.append(table(["op", "mesh", "inputs", "kind", "stock", "built"], rows, md))
-        if len(sel["mismatches"]) > top:
-            out.append(f"... {len(sel['mismatches']) - top} more in reports/audit.json (selections.mismatches)")
+        if len(shown) > top:
+            out.append(f"... {len(shown) - top} more in reports/audit.json (selections.mismatches)")
 
     if not md:
         out.append("")
