@@ -35,7 +35,7 @@ test: build
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(TEST_DIRS)
 
 audit: build
-	$(VENV)/bin/python -m tools.audit $(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)")
+	$(VENV)/bin/python -m tools.audit --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python $(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)")
 
 clean:
 	rm -rf $(VENV) $(STOCK_VENV) dist
