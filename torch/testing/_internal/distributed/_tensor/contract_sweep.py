@@ -1,0 +1,918 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates
+# Owner(s): ["oncall: distributed"]
+"""
+A sweep of DTensor's sharding-strategy registries driven by OpInfo samples.
+
+Targeted strategy tests pick their ops and arguments by hand. A sweep reaches
+every registered op some OpInfo sample reaches, with the arguments real code
+passes (keyword arguments, ``None`` for optional tensors, tensor lists, in-place
+variants, the ops autograd runs in backward), and asks DTensor for the op's
+strategy the way its two consumers do:
+
+* a *runtime* query offers one placement per tensor input, as DTensor's
+  dispatch does before it picks the cheapest spec;
+* a *planner* query offers several candidate placements per tensor input, to
+  see every way the op can run.
+
+The pieces: :func:`capture_calls` records the distinct aten calls samples make,
+tensors reduced to their global ``TensorMeta``; :func:`runtime_schema` and
+:func:`strategy_schema` build what a query hands a strategy;
+:func:`query_strategy` asks the registry DTensor's runtime asks (single-dim
+strategies, then ``op_strategy_funcs``, then the decomposition); and
+:class:`RegistrySweep` runs every call on a mesh and judges the answers with a
+checker the caller passes in.
+
+Only APIs of torch 2.13.0 as released are used, and nothing that judges
+strategies is imported: the module is also loaded by file path into an
+unpatched torch, so that stock and changed torch are swept the same way and
+judged by the same checker.
+"""
+
+import itertools
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    RuntimeSchemaInfo,
+    StrategyType,
+    TupleStrategy,
+)
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+)
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+__all__ = [
+    "CONTRACT_SKIPS",
+    "MODES",
+    "REGISTRIES",
+    "RUNTIME_REFUSALS",
+    "CallRecorder",
+    "CandidateFunc",
+    "CapturedCall",
+    "OpReport",
+    "RegistrySweep",
+    "SweepReport",
+    "capped_candidates",
+    "capture_calls",
+    "meta_of",
+    "op_strategy",
+    "opinfo_db",
+    "planner_candidates",
+    "query_strategy",
+    "registry_coverage",
+    "replicated_candidate",
+    "runtime_refusal",
+    "runtime_schema",
+    "select_calls",
+    "strategy_registry",
+    "strategy_schema",
+]
+
+REGISTRIES = ("single_dim", "op_strategy", "decomposition")
+MODES = ("runtime", "planner")
+
+# Ops (``str(OpOverload)``) whose queries say nothing about the contract, each
+# with why. They are still queried and reported; an entry never excuses a
+# violation or a crash of a strategy that can be judged.
+CONTRACT_SKIPS: dict[str, str] = {}
+
+# Message fragments of the exceptions by which DTensor deliberately refuses an
+# input placement at runtime, each with why a refusal is the right answer. Stock
+# torch refuses the same queries with the same messages. A planner query never
+# refuses: candidates a strategy cannot serve drop out of its answer instead.
+RUNTIME_REFUSALS: dict[str, str] = {
+    "in-place operations that require placement changes are not supported": (
+        "an in-place op writes into its self argument, which cannot be "
+        "redistributed behind the caller's back; a self placement none of the "
+        "op's specs keeps is rejected rather than silently changed"
+    ),
+    "Attempted to unbind along the sharded dimension": (
+        "unbind returns views of the input's slices along a dim; with that dim "
+        "sharded a rank holds only some slices, and a view cannot redistribute "
+        "its input"
+    ),
+    "Cannot flatten unevenly sharded tensor": (
+        "a view merging dims needs each rank's shard to stay contiguous in the "
+        "result, which uneven sharding breaks, and a view cannot redistribute "
+        "its input"
+    ),
+}
+
+
+def runtime_refusal(exc: BaseException) -> str | None:
+    """The reason in :data:`RUNTIME_REFUSALS` that ``exc`` is, or ``None``."""
+    message = str(exc)
+    for pattern, reason in RUNTIME_REFUSALS.items():
+        if pattern in message:
+            return reason
+    return None
+
+
+def _sharding_propagator() -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor._op_dispatcher.sharding_propagator
+
+
+# --------------------------------------------------------------------------------------
+# Schemas and candidate placements
+# --------------------------------------------------------------------------------------
+
+
+def meta_of(tensor: torch.Tensor) -> TensorMeta:
+    """The global ``TensorMeta`` of ``tensor``, as DTensor records it on a spec."""
+    return TensorMeta(shape=tensor.shape, stride=tensor.stride(), dtype=tensor.dtype)
+
+
+def op_strategy(
+    mesh: DeviceMesh, meta: TensorMeta, *placements: Sequence[Placement]
+) -> OpStrategy:
+    """An input strategy: one candidate ``OpSpec`` per placement tuple.
+
+    Candidates carry only an output spec, like the input strategies DTensor puts in
+    a strategy schema. With no placements the input has a single, replicated
+    candidate, which is what eager dispatch hands a strategy function.
+    """
+    if not placements:
+        placements = ((Replicate(),) * mesh.ndim,)
+    specs = []
+    for p in placements:
+        if len(p) != mesh.ndim:
+            raise ValueError(f"placements {p} do not match a {mesh.ndim}-D mesh")
+        specs.append(OpSpec(DTensorSpec(mesh, tuple(p), tensor_meta=meta)))
+    return OpStrategy(specs)
+
+
+def planner_candidates(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """Every placement tuple a planner would consider for a tensor with ``meta``.
+
+    Per mesh dim: ``Replicate()``, ``Shard(d)`` for each tensor dim, and
+    ``Partial()`` for floating dtypes; tuples are taken in ``itertools.product``
+    order. A tuple is dropped when a tensor dim is split into more pieces than it
+    has elements, so that every rank holds a non-empty shard. The order is fixed,
+    which keeps strategy indices in failure messages stable.
+    """
+    per_dim: list[Placement] = [Replicate()]
+    per_dim += [Shard(d) for d in range(len(meta.shape))]
+    if meta.dtype.is_floating_point:
+        per_dim.append(Partial())
+    candidates = []
+    for combo in itertools.product(per_dim, repeat=mesh.ndim):
+        pieces = [1] * len(meta.shape)
+        for mesh_dim, p in enumerate(combo):
+            if isinstance(p, Shard):
+                pieces[p.dim] *= mesh.size(mesh_dim)
+        if all(n <= size for n, size in zip(pieces, meta.shape)):
+            candidates.append(combo)
+    return candidates
+
+
+def replicated_candidate(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """The single candidate eager dispatch offers for a replicated input."""
+    return [(Replicate(),) * mesh.ndim]
+
+
+# Chooses the candidate placements of one tensor input of a strategy schema.
+CandidateFunc = Callable[[DeviceMesh, TensorMeta], Sequence[Sequence[Placement]]]
+
+
+def capped_candidates(limit: int) -> CandidateFunc:
+    """Planner candidates, at most ``limit`` per tensor input.
+
+    Strategy expansion costs grow with the product of the inputs' candidate
+    counts, so a sweep cannot offer every placement tuple. It still offers what
+    strategies treat differently: all-``Replicate`` first, an evenly dividing
+    ``Shard``, ``Partial`` for floating dtypes, then tuples picked greedily for
+    the (mesh dim, placement) pairs they add, so that every mesh dim gets
+    sharded. Every rank holds a non-empty shard, and the choice is
+    deterministic, which keeps failure messages stable.
+    """
+    cache: dict[tuple[object, ...], list[tuple[Placement, ...]]] = {}
+
+    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
+        key = (tuple(mesh.shape), tuple(meta.shape), meta.dtype)
+        if key not in cache:
+            cache[key] = _capped_candidates(mesh, meta, limit)
+        return cache[key]
+
+    return candidates
+
+
+def _capped_candidates(
+    mesh: DeviceMesh, meta: TensorMeta, limit: int
+) -> list[tuple[Placement, ...]]:
+    options: list[list[Placement]] = []
+    for mesh_dim in range(mesh.ndim):
+        opts: list[Placement] = [Replicate()]
+        opts += [Shard(d) for d, n in enumerate(meta.shape) if n >= mesh.size(mesh_dim)]
+        if meta.dtype.is_floating_point or meta.dtype.is_complex:
+            opts.append(Partial())
+        options.append(opts)
+
+    def pieces(combo: tuple[int, ...]) -> list[int]:
+        n = [1] * len(meta.shape)
+        for mesh_dim, i in enumerate(combo):
+            p = options[mesh_dim][i]
+            if isinstance(p, Shard):
+                n[p.dim] *= mesh.size(mesh_dim)
+        return n
+
+    # Tuples of indices into options; fewest non-Replicate mesh dims first, then
+    # leading mesh dims first.
+    combos = sorted(
+        (
+            c
+            for c in itertools.product(*(range(len(o)) for o in options))
+            if all(k == 1 or k <= n for k, n in zip(pieces(c), meta.shape))
+        ),
+        key=lambda c: (sum(i != 0 for i in c), c[::-1]),
+    )
+
+    def even_shard(combo: tuple[int, ...]) -> bool:
+        split = pieces(combo)
+        return any(k > 1 for k in split) and all(
+            n % k == 0 for n, k in zip(meta.shape, split)
+        )
+
+    def partial(combo: tuple[int, ...]) -> bool:
+        return any(isinstance(options[d][i], Partial) for d, i in enumerate(combo))
+
+    chosen = [combos[0]]
+    for wanted in (even_shard, partial):
+        hit = next((c for c in combos if wanted(c)), None)
+        if hit is not None and hit not in chosen:
+            chosen.append(hit)
+    seen = {(d, i) for c in chosen for d, i in enumerate(c)}
+    while len(chosen) < min(limit, len(combos)):
+        best = max(
+            (c for c in combos if c not in chosen),
+            key=lambda c: sum((d, i) not in seen for d, i in enumerate(c)),
+        )
+        chosen.append(best)
+        seen.update(enumerate(best))
+    chosen = sorted(chosen[:limit], key=combos.index)
+    return [tuple(options[d][i] for d, i in enumerate(c)) for c in chosen]
+
+
+def _is_tensor(x: object) -> bool:
+    return isinstance(x, (torch.Tensor, TensorMeta))
+
+
+def _as_meta(x: Any) -> TensorMeta:
+    return meta_of(x) if isinstance(x, torch.Tensor) else x
+
+
+def _schema_info(op: OpOverload) -> RuntimeSchemaInfo | None:
+    """The ``RuntimeSchemaInfo`` DTensor's dispatch puts on ``op``'s schemas."""
+    propagator = _sharding_propagator()
+    if strategy_registry(op) == "decomposition":
+        # Registered on the op's first dispatch; queries here come after one.
+        propagator.decomp_strategy.ensure_schema_info(op)
+    return propagator.op_to_schema_info.get(
+        op
+    ) or propagator.op_to_schema_info_for_single_dim_strategy.get(op)
+
+
+def strategy_schema(
+    mesh: DeviceMesh,
+    op: OpOverload,
+    args: Sequence[object],
+    kwargs: Mapping[str, object] | None = None,
+    candidates: CandidateFunc = replicated_candidate,
+) -> OpSchema:
+    """A strategy schema for ``op(*args, **kwargs)`` as DTensor builds one.
+
+    Every tensor (or ``TensorMeta``) in ``args``/``kwargs`` becomes an
+    :class:`OpStrategy` whose candidates are ``candidates(mesh, meta)``; a list
+    made only of tensors becomes a :class:`TupleStrategy`, and a list mixing
+    tensors and ``None`` stays a list, as in DTensor's own wrapping. The schema
+    carries the op's registered ``RuntimeSchemaInfo``, as eager dispatch sets it.
+    """
+
+    def input_strategy(x: object) -> OpStrategy:
+        meta = _as_meta(x)
+        return op_strategy(mesh, meta, *candidates(mesh, meta))
+
+    def wrap(x: object) -> object:
+        if _is_tensor(x):
+            return input_strategy(x)
+        if isinstance(x, (list, tuple)) and len(x) > 0:
+            is_tensor = [_is_tensor(e) for e in x]
+            if all(is_tensor):
+                children = [input_strategy(e) for e in x]
+                return TupleStrategy(
+                    tuple(children) if isinstance(x, tuple) else children
+                )
+            if any(is_tensor):
+                return [wrap(e) for e in x]
+        return x
+
+    return OpSchema(
+        op,
+        tuple(wrap(a) for a in args),
+        {k: wrap(v) for k, v in (kwargs or {}).items()},
+        schema_info=_schema_info(op),
+    )
+
+
+def runtime_schema(
+    mesh: DeviceMesh,
+    op: OpOverload,
+    args: Sequence[object],
+    kwargs: Mapping[str, object] | None,
+    placements: Sequence[Sequence[Placement]],
+) -> OpSchema:
+    """The schema DTensor's dispatch builds for ``op(*args, **kwargs)`` on DTensors.
+
+    Tensors (or ``TensorMeta``) become ``DTensorSpec``s taking the entries of
+    ``placements`` in flattened argument order (args, then kwargs); tensor lists
+    stay lists. ``ShardingPropagator._wrap_with_op_strategy`` of the result is
+    the strategy schema of a runtime query.
+    """
+    remaining = iter(placements)
+
+    def convert(x: object) -> object:
+        if _is_tensor(x):
+            return DTensorSpec(mesh, tuple(next(remaining)), tensor_meta=_as_meta(x))
+        if isinstance(x, (list, tuple)) and any(_is_tensor(e) for e in x):
+            return type(x)(convert(e) for e in x)
+        return x
+
+    return OpSchema(
+        op,
+        tuple(convert(a) for a in args),
+        {k: convert(v) for k, v in (kwargs or {}).items()},
+        schema_info=_schema_info(op),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Querying the registries
+# --------------------------------------------------------------------------------------
+
+
+def strategy_registry(op: OpOverload) -> str | None:
+    """Which registry DTensor's runtime asks for ``op``'s strategies, or ``None``.
+
+    The order is the runtime's: single-dim strategies, then registered op
+    strategies, then the decomposition-derived strategy.
+    """
+    from torch.distributed.tensor._decompositions import DecompShardingStrategy
+
+    propagator = _sharding_propagator()
+    if op in propagator.op_single_dim_strategy_funcs:
+        return "single_dim"
+    if op in propagator.op_strategy_funcs:
+        return "op_strategy"
+    if DecompShardingStrategy.has_decomp(op):
+        return "decomposition"
+    return None
+
+
+def query_strategy(
+    op_schema: OpSchema,
+    mesh: DeviceMesh | None = None,
+    runtime: OpSchema | None = None,
+) -> StrategyType | None:
+    """Ask DTensor's strategy machinery for ``op_schema``'s strategy.
+
+    ``op_schema`` is a strategy schema (see :func:`strategy_schema`). Without
+    ``runtime`` this is a planner's query: output metas are left for the
+    machinery to infer. ``runtime`` is the ``DTensorSpec`` schema ``op_schema``
+    wraps in a runtime query, and the registry is then called as dispatch calls
+    it: single-dim expansion gets the output metas dispatch computes, the
+    decomposition gets the runtime schema. Returns ``None`` when the registry
+    declines the query (the decomposition may) and raises ``ValueError`` for an
+    op no registry knows.
+    """
+    from torch.distributed.tensor._ops.single_dim_strategy import (
+        _expand_single_dim_strategy_to_mesh,
+    )
+
+    op = op_schema.op
+    propagator = _sharding_propagator()
+    registry = strategy_registry(op)
+    if registry == "single_dim":
+        if mesh is None:
+            mesh = op_schema.get_mesh_from_args(validate=False)
+        metas = (
+            None
+            if runtime is None
+            else propagator._propagate_tensor_meta_non_cached(runtime)
+        )
+        expand = _expand_single_dim_strategy_to_mesh(
+            mesh, op_schema, propagator.op_single_dim_strategy_funcs[op], metas
+        )
+        return expand(op, op_schema.args_meta, op_schema.kwargs_meta)
+    if registry == "op_strategy":
+        return propagator.op_strategy_funcs[op](op_schema)
+    if registry == "decomposition":
+        propagator.decomp_strategy.ensure_schema_info(op)
+        return propagator.decomp_strategy.propagate_strategy(
+            op_schema if runtime is None else runtime
+        )
+    raise ValueError(f"DTensor has no sharding strategy for {op}")
+
+
+# --------------------------------------------------------------------------------------
+# Capturing calls from OpInfo samples
+# --------------------------------------------------------------------------------------
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, TensorMeta):
+        dtype = str(x.dtype).removeprefix("torch.")
+        return f"T{list(x.shape)}s{list(x.stride)}:{dtype}"
+    if isinstance(x, (list, tuple)):
+        inner = ", ".join(_describe(e) for e in x)
+        return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+    text = repr(x)
+    # Objects without a value repr (generators) would make every call distinct.
+    return f"<{type(x).__name__}>" if " at 0x" in text else text
+
+
+def _tensor_leaves(x: object) -> list[TensorMeta]:
+    if isinstance(x, TensorMeta):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [m for e in x for m in _tensor_leaves(e)]
+    if isinstance(x, dict):
+        return [m for e in x.values() for m in _tensor_leaves(e)]
+    return []
+
+
+@dataclass
+class CapturedCall:
+    """One aten call, each tensor argument replaced by its ``TensorMeta``.
+
+    ``str()`` is the same text for the same call in any process, so it serves
+    as a key and in messages. ``source`` names the OpInfo and the pass
+    (forward, backward, inplace) that made the call.
+    """
+
+    op: OpOverload
+    args: tuple[object, ...]
+    kwargs: dict[str, object]
+    source: str
+
+    @property
+    def tensor_metas(self) -> list[TensorMeta]:
+        """Tensor arguments in flattened order (args, then kwargs), as schemas list them."""
+        return _tensor_leaves((self.args, self.kwargs))
+
+    def __str__(self) -> str:
+        args = [_describe(a) for a in self.args]
+        args += [f"{k}={_describe(v)}" for k, v in self.kwargs.items()]
+        return f"{self.op}({', '.join(args)})"
+
+
+class _NotDense(Exception):
+    pass
+
+
+def _to_metas(x: object) -> object:
+    # What a DTensorSpec cannot describe (sparse, other devices, subclasses) is
+    # no call a strategy query could be about.
+    if isinstance(x, torch.Tensor):
+        if (
+            type(x) not in (torch.Tensor, torch.nn.Parameter)
+            or x.layout != torch.strided
+            or x.device.type != "cpu"
+        ):
+            raise _NotDense
+        return meta_of(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_metas(e) for e in x)
+    return x
+
+
+class CallRecorder(TorchDispatchMode):
+    """Records, per op, up to ``pool_size`` distinct aten calls with tensor arguments.
+
+    A call is kept only once it returned, so a call eager mode rejects is never
+    queried; its metas are taken before it runs, as an in-place op may change
+    its self. ``source`` labels the calls that follow.
+    """
+
+    def __init__(self, pool_size: int = 8) -> None:
+        super().__init__()
+        self.pool_size = pool_size
+        self.source = ""
+        self.calls: dict[OpOverload, dict[str, CapturedCall]] = defaultdict(dict)
+
+    def __torch_dispatch__(  # type: ignore[no-untyped-def]
+        self, func, types, args=(), kwargs=None
+    ):
+        kwargs = kwargs or {}
+        call = None
+        if func.namespace == "aten":
+            try:
+                call = CapturedCall(
+                    func,
+                    _to_metas(tuple(args)),  # type: ignore[arg-type]
+                    {k: _to_metas(v) for k, v in kwargs.items()},
+                    self.source,
+                )
+            except _NotDense:
+                pass
+        out = func(*args, **kwargs)
+        if call is not None and call.tensor_metas:
+            pool = self.calls[func]
+            key = str(call)
+            if key not in pool and len(pool) < self.pool_size:
+                pool[key] = call
+        return out
+
+
+def opinfo_db() -> list[Any]:
+    """``op_db`` and the foreach OpInfo lists."""
+    import torch.testing._internal.common_methods_invocations as cmi
+
+    infos = list(cmi.op_db)
+    for name in (
+        "foreach_unary_op_db",
+        "foreach_binary_op_db",
+        "foreach_pointwise_op_db",
+        "foreach_reduce_op_db",
+        "foreach_other_op_db",
+    ):
+        infos += getattr(cmi, name, [])
+    return infos
+
+
+def capture_calls(
+    opinfos: Iterable[Any],
+    dtypes: Sequence[torch.dtype] = (torch.float32, torch.int64, torch.bool),
+    extra_dtypes: Sequence[torch.dtype] = (),
+    samples: int = 1,
+    backward: bool = True,
+    foreach_tensors: int = 2,
+    pool_size: int = 8,
+) -> tuple[CallRecorder, dict[str, int]]:
+    """Run OpInfo samples under a :class:`CallRecorder`; return it and counters.
+
+    Each OpInfo runs its first ``samples`` samples in the first of ``dtypes``
+    it supports (so ops without a float variant are reached too) and in every
+    one of ``extra_dtypes`` it supports: the call itself, backward for floating
+    samples of differentiable ops, and the in-place variant on a copy. Foreach
+    samples hold ``foreach_tensors`` tensors per list instead of 20.
+
+    Samples come from ``sample_inputs_func`` directly: ``OpInfo.sample_inputs``
+    walks the stack looking for the running test, which would cost most of the
+    capture once torch.distributed is imported. The seeds are reset per OpInfo
+    and dtype, which fixes random arguments and the shapes data-dependent ops
+    produce, so every process captures the same calls.
+    """
+    from torch.testing._internal.common_utils import set_rng_seed
+    from torch.testing._internal.opinfo.core import ForeachFuncInfo
+
+    recorder = CallRecorder(pool_size)
+    counts: dict[str, int] = defaultdict(int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for info in opinfos:
+            counts["opinfos"] += 1
+            supported = info.supported_dtypes("cpu")
+            run_in = [d for d in dtypes if d in supported][:1]
+            run_in += [d for d in extra_dtypes if d in supported and d not in run_in]
+            kwargs = {}
+            if isinstance(info, ForeachFuncInfo):
+                kwargs["num_input_tensors"] = [foreach_tensors]
+            for dtype in run_in:
+                set_rng_seed(0)
+                grad = backward and dtype.is_floating_point and info.supports_autograd
+                try:
+                    sample_iter = info.sample_inputs_func(
+                        info, "cpu", dtype, grad, **kwargs
+                    )
+                    batch = list(itertools.islice(sample_iter, samples))
+                except Exception:
+                    counts["sample_inputs failed"] += 1
+                    continue
+                for sample in batch:
+                    counts["samples"] += 1
+                    _run_sample(recorder, info, sample, grad, counts)
+    return recorder, dict(counts)
+
+
+def _run_sample(
+    recorder: CallRecorder, info: Any, sample: Any, grad: bool, counts: dict[str, int]
+) -> None:
+    name = (
+        f"{info.name}.{info.variant_test_name}" if info.variant_test_name else info.name
+    )
+    try:
+        with recorder:
+            recorder.source = f"{name} forward"
+            out = info(sample.input, *sample.args, **sample.kwargs)
+            if grad:
+                recorder.source = f"{name} backward"
+                for t in pytree.tree_leaves(out):
+                    if (
+                        isinstance(t, torch.Tensor)
+                        and t.requires_grad
+                        and t.is_floating_point()
+                    ):
+                        t.sum().backward()
+                        break
+    except Exception:
+        counts["samples failed"] += 1
+    inplace = info.get_inplace()
+    if inplace is None:
+        return
+    inp, args, kwargs = pytree.tree_map_only(
+        torch.Tensor,
+        lambda t: t.detach().clone(),
+        (sample.input, sample.args, sample.kwargs),
+    )
+    try:
+        with recorder:
+            recorder.source = f"{name} inplace"
+            inplace(inp, *args, **kwargs)
+    except Exception:
+        counts["in-place samples failed"] += 1
+
+
+def select_calls(
+    recorder: CallRecorder, per_op: int
+) -> dict[OpOverload, list[CapturedCall]]:
+    """Up to ``per_op`` calls of every op a registry knows, sorted by op name.
+
+    After the first call, calls with dtypes, then passes, not picked yet come
+    first: they are the likeliest to take another path through a strategy.
+    """
+    selected: dict[OpOverload, list[CapturedCall]] = {}
+    for op in sorted(recorder.calls, key=str):
+        if strategy_registry(op) is None:
+            continue
+        remaining = list(recorder.calls[op].values())
+        picked: list[CapturedCall] = []
+        while remaining and len(picked) < per_op:
+            dtypes = {tuple(m.dtype for m in c.tensor_metas) for c in picked}
+            passes = {c.source.rsplit(" ", 1)[-1] for c in picked}
+            best = min(
+                remaining,
+                key=lambda c: (
+                    tuple(m.dtype for m in c.tensor_metas) in dtypes,
+                    c.source.rsplit(" ", 1)[-1] in passes,
+                ),
+            )
+            remaining.remove(best)
+            picked.append(best)
+        selected[op] = picked
+    return selected
+
+
+def registry_coverage(ops: Iterable[OpOverload]) -> dict[str, tuple[int, int | None]]:
+    """Per registry: how many of ``ops`` it answers for, and how many it registers.
+
+    Any op with a decomposition reaches the decomposition registry, so it has
+    no registered count (``None``).
+    """
+    propagator = _sharding_propagator()
+    single_dim = set(propagator.op_single_dim_strategy_funcs)
+    registered = {
+        "single_dim": len(single_dim),
+        "op_strategy": len(set(propagator.op_strategy_funcs) - single_dim),
+        "decomposition": None,
+    }
+    reached = dict.fromkeys(REGISTRIES, 0)
+    for op in ops:
+        registry = strategy_registry(op)
+        if registry is not None:
+            reached[registry] += 1
+    return {r: (reached[r], registered[r]) for r in REGISTRIES}
+
+
+# --------------------------------------------------------------------------------------
+# The sweep
+# --------------------------------------------------------------------------------------
+
+# check_strategy_contract(op_schema, strategy, output_metas) -> violations, each
+# with a ``clause``; infer_output_metas(op_schema) -> the expected output metas.
+CheckFunc = Callable[[OpSchema, StrategyType, Any], Sequence[Any]]
+InferFunc = Callable[[OpSchema], Any]
+
+
+@dataclass
+class OpReport:
+    """What the queries of one op on one mesh in one mode came to."""
+
+    op: str
+    registry: str
+    queries: int = 0
+    # Answered None: the registry does not support the op for that input.
+    no_strategy: int = 0
+    # Calls whose output depends on the input data (a boolean mask index): no
+    # metadata to hold a strategy to, and DTensor cannot run them either.
+    data_dependent: int = 0
+    # Runtime refusals per RUNTIME_REFUSALS reason.
+    refused: dict[str, int] = field(default_factory=dict)
+    # The first example per clause, per exception and per shape inference
+    # failure (nothing to judge the call against), with the query it came from.
+    violations: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    uninferable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.violations or self.errors or self.uninferable)
+
+
+@dataclass
+class SweepReport:
+    """The outcome of a sweep on one mesh in one mode."""
+
+    mesh_shape: tuple[int, ...]
+    mode: str
+    ops: dict[str, OpReport] = field(default_factory=dict)
+
+    def failures(self, skips: Mapping[str, str] = CONTRACT_SKIPS) -> list[OpReport]:
+        """Failing ops outside ``skips``, those that raised first."""
+        failed = [r for op, r in self.ops.items() if r.failed and op not in skips]
+        return sorted(failed, key=lambda r: (not r.errors, r.op))
+
+    def format_failures(
+        self, skips: Mapping[str, str] = CONTRACT_SKIPS, limit: int = 40
+    ) -> str:
+        """Every clause each failing op breaks and everything it raised, with examples.
+
+        Past ``limit`` ops only names follow: when a change breaks everything,
+        the first examples say why and the names how far it goes.
+        """
+        mesh = "x".join(map(str, self.mesh_shape))
+        failures = self.failures(skips)
+        lines = []
+        for r in failures[:limit]:
+            lines.append(f"{r.op} ({r.registry}), {self.mode} queries on mesh {mesh}:")
+            lines += [
+                f"  {c}: {example}" for c, example in sorted(r.violations.items())
+            ]
+            lines += [f"  raised {e}\n    in {q}" for e, q in sorted(r.errors.items())]
+            lines += [
+                f"  shape inference raised {e}\n    in {q}"
+                for e, q in sorted(r.uninferable.items())
+            ]
+        if len(failures) > limit:
+            rest = ", ".join(r.op for r in failures[limit:])
+            lines.append(f"... and {len(failures) - limit} more ops: {rest}")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """One line: queries, and the answers that were no strategy."""
+        mesh = "x".join(map(str, self.mesh_shape))
+        reports = self.ops.values()
+        text = (
+            f"{self.mode} queries on mesh {mesh}: {len(self.ops)} ops, "
+            f"{sum(r.queries for r in reports)} queries, "
+            f"{sum(r.no_strategy for r in reports)} declined (no strategy), "
+            f"{sum(r.data_dependent for r in reports)} data-dependent calls not judged"
+        )
+        refused = [f"{r.op} x{sum(r.refused.values())}" for r in reports if r.refused]
+        if refused:
+            text += ", refused: " + ", ".join(sorted(refused))
+        return text
+
+
+def _short(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
+
+
+class RegistrySweep:
+    """Queries every call of ``calls`` on a mesh in one mode, and judges the answers.
+
+    ``check`` and ``infer`` judge a strategy (``check_strategy_contract`` and
+    ``infer_output_metas`` of ``strategy_contract``); they are passed in so that
+    this module never depends on the version of DTensor it sweeps. Shape
+    inference runs once per call, whatever the mesh and mode.
+    """
+
+    def __init__(
+        self,
+        calls: Mapping[OpOverload, Sequence[CapturedCall]],
+        check: CheckFunc,
+        infer: InferFunc,
+        candidates: CandidateFunc | None = None,
+    ) -> None:
+        self.calls = calls
+        self.check = check
+        self.infer = infer
+        self.candidates = candidates or capped_candidates(6)
+        self._metas: dict[str, tuple[bool, Any]] = {}
+
+    def expected(self, call: CapturedCall, mesh: DeviceMesh) -> Any:
+        """The output metas of ``call``; raises what shape inference raised."""
+        key = str(call)
+        if key not in self._metas:
+            try:
+                schema = strategy_schema(mesh, call.op, call.args, call.kwargs)
+                self._metas[key] = (True, self.infer(schema))
+            except Exception as e:
+                self._metas[key] = (False, e)
+        ok, value = self._metas[key]
+        if not ok:
+            raise value
+        return value
+
+    @staticmethod
+    def runtime_placements(
+        mesh: DeviceMesh, call: CapturedCall
+    ) -> list[tuple[str, list[tuple[Placement, ...]]]]:
+        """(label, one placement per tensor input) for each runtime query of ``call``.
+
+        Every input replicated, the case dispatch sees most; and input 0 split
+        on its dim 0 along mesh dim 0 whenever every rank gets a piece, which
+        reaches the placement-dependent paths (sharded strategies,
+        redistributions, refusals, uneven shards).
+        """
+        metas = call.tensor_metas
+        replicate: tuple[Placement, ...] = (Replicate(),) * mesh.ndim
+        configs = [("all Replicate", [replicate] * len(metas))]
+        if len(metas[0].shape) > 0 and metas[0].shape[0] >= mesh.size(0):
+            sharded = (Shard(0),) + replicate[1:]
+            configs.append(("input 0 Shard(0)", [sharded] + configs[0][1][1:]))
+        return configs
+
+    def run(self, mesh: DeviceMesh, mode: str) -> SweepReport:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        report = SweepReport(tuple(mesh.shape), mode)
+        for op, calls in self.calls.items():
+            registry = strategy_registry(op)
+            if registry is None:
+                continue
+            op_report = report.ops.setdefault(str(op), OpReport(str(op), registry))
+            for call in calls:
+                try:
+                    metas = self.expected(call, mesh)
+                except (DynamicOutputShapeException, DataDependentOutputException):
+                    op_report.data_dependent += 1
+                    continue
+                except Exception as e:
+                    op_report.uninferable.setdefault(_short(e), str(call))
+                    continue
+                if mode == "planner":
+                    schema = strategy_schema(
+                        mesh, op, call.args, call.kwargs, self.candidates
+                    )
+                    self._judge(op_report, call, "planner", mesh, schema, None, metas)
+                    continue
+                for label, placements in self.runtime_placements(mesh, call):
+                    runtime = runtime_schema(
+                        mesh, op, call.args, call.kwargs, placements
+                    )
+                    schema = _sharding_propagator()._wrap_with_op_strategy(runtime)
+                    self._judge(op_report, call, label, mesh, schema, runtime, metas)
+        return report
+
+    def _judge(
+        self,
+        op_report: OpReport,
+        call: CapturedCall,
+        label: str,
+        mesh: DeviceMesh,
+        schema: OpSchema,
+        runtime: OpSchema | None,
+        metas: Any,
+    ) -> None:
+        where = f"{label}: {call} [{call.source}]"
+        op_report.queries += 1
+        try:
+            strategy = query_strategy(schema, mesh, runtime)
+        except Exception as e:
+            reason = None if runtime is None else runtime_refusal(e)
+            if reason is None:
+                op_report.errors.setdefault(_short(e), where)
+            else:
+                op_report.refused[reason] = op_report.refused.get(reason, 0) + 1
+            return
+        if strategy is None:
+            op_report.no_strategy += 1
+            return
+        for v in self.check(schema, strategy, metas):
+            op_report.violations.setdefault(v.clause, f"{v}\n    in {where}")
