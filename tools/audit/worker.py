@@ -81,7 +81,7 @@ def _raised_at(exc: BaseException) -> str:
 
 def load_checker(path: Path) -> Any:
     """Import strategy_contract.py from ``path`` so both torches are judged by the same file."""
-    spec = importlib.util.spec_from_file_location("_audit_strategy_contract", path)
+    spec = importlib.util.spec_from_file_location(f"_audit_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load checker from {path}")
     module = importlib.util.module_from_spec(spec)
@@ -261,7 +261,6 @@ def _no_test_fn() -> None:
 
 
 def all_opinfos() -> list[Any]:
-    import torch.testing._internal.common_methods_invocations as cmi
     import torch.testing._internal.common_utils as common_utils
     import torch.testing._internal.opinfo.core as opinfo_core
 
@@ -271,16 +270,10 @@ def all_opinfos() -> list[Any]:
     common_utils.extract_test_fn = _no_test_fn
     opinfo_core.extract_test_fn = _no_test_fn
 
-    infos = list(cmi.op_db)
-    for name in (
-        "foreach_unary_op_db",
-        "foreach_binary_op_db",
-        "foreach_pointwise_op_db",
-        "foreach_reduce_op_db",
-        "foreach_other_op_db",
-    ):
-        infos.extend(getattr(cmi, name, []))
-    return infos
+    # The same OpInfo lists as the registry-wide test; the repo's file is loaded by
+    # path so stock and built sample identically.
+    sweep = load_checker(REPO_ROOT / "torch/testing/_internal/distributed/_tensor/contract_sweep.py")
+    return sweep.opinfo_db()
 
 
 def _clone_sample(sample: Any) -> tuple[Any, tuple, dict]:
