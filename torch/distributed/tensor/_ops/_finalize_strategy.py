@@ -43,6 +43,7 @@ __all__ = [
     "StrategyContractError",
     "finalize_strategy",
     "output_metas_for",
+    "resolve_output_metas",
     "specs_per_candidate",
     "strategy_name",
 ]
@@ -116,6 +117,70 @@ def output_metas_for(op_schema: OpSchema) -> OutputMetas:
             _meta_cache.pop(next(iter(_meta_cache)))
         _meta_cache[key] = metas
     return metas
+
+
+def _meta_fits(ret_type: str, meta: object) -> bool:
+    """Whether one caller-supplied meta has the structure of a return of ``ret_type``."""
+    if ret_type.startswith("List["):
+        return isinstance(meta, (list, tuple)) and not isinstance(meta, TensorMeta)
+    # A Tensor return may be None (an ``output_mask`` entry set to False).
+    return meta is None or isinstance(meta, TensorMeta)
+
+
+def _list_length(op_schema: OpSchema) -> int | None:
+    for arg in (*op_schema.args_schema, *op_schema.kwargs_schema.values()):
+        if isinstance(arg, TupleStrategy):
+            return len(arg.children)
+    return None
+
+
+def _fits_returns(op_schema: OpSchema, metas: object) -> bool:
+    returns = [str(ret.type) for ret in op_schema.op._schema.returns]
+    if len(returns) == 1 and not returns[0].startswith("List["):
+        return isinstance(metas, TensorMeta)
+    if len(returns) == 1:
+        fits = _meta_fits(returns[0], metas)
+    else:
+        fits = (
+            isinstance(metas, (list, tuple))
+            and not isinstance(metas, TensorMeta)
+            and len(metas) == len(returns)
+            and all(_meta_fits(r, m) for r, m in zip(returns, metas))
+        )
+    if not fits:
+        return False
+    # Every list result has one entry per element of the op's list arguments.
+    n = _list_length(op_schema)
+    lists = [metas] if len(returns) == 1 else [
+        m for r, m in zip(returns, metas) if r.startswith("List[")
+    ]
+    return n is None or all(len(m) == n for m in lists)  # type: ignore[arg-type]
+
+
+def resolve_output_metas(op_schema: OpSchema, metas: object = None) -> OutputMetas:
+    """The op's results for finalizing a strategy for ``op_schema``.
+
+    ``metas`` are what a caller computed (DTensor's runtime path, a test, a planner
+    passing ``output_tensor_meta``), in whatever structure it used. Used as given when
+    they have the structure of the op's returns (a single-tensor op may get them as a
+    one-element sequence); otherwise (``None``, metas for an in-place op's arguments,
+    one meta for a list result, a list of the wrong length) shape inference decides,
+    so a caller's meta is never indexed into the wrong output.
+    """
+    if not op_has_tensor_returns(op_schema.op):
+        return None
+    if (
+        isinstance(metas, (list, tuple))
+        and not isinstance(metas, TensorMeta)
+        and len(metas) == 1
+        and len(op_schema.op._schema.returns) == 1
+        and isinstance(metas[0], TensorMeta)
+        and not str(op_schema.op._schema.returns[0].type).startswith("List[")
+    ):
+        metas = metas[0]
+    if metas is not None and _fits_returns(op_schema, metas):
+        return metas  # type: ignore[return-value]
+    return output_metas_for(op_schema)
 
 
 def _out_tensor_positions(op_schema: OpSchema) -> list[int]:
@@ -382,9 +447,6 @@ def strategy_name(strategy: object) -> str:
     return getattr(func, "__name__", repr(func))
 
 
-_INFER: Any = object()
-
-
 class FinalizedStrategyFunc:
     """A registered strategy function whose results always satisfy the contract.
 
@@ -399,13 +461,14 @@ class FinalizedStrategyFunc:
         functools.update_wrapper(self, func)
 
     def __call__(
-        self, op_schema: OpSchema, output_metas: OutputMetas = _INFER
+        self, op_schema: OpSchema, output_metas: OutputMetas = None
     ) -> StrategyType:
         strategy = self.func(op_schema)
-        if output_metas is _INFER:
-            output_metas = output_metas_for(op_schema)
         return finalize_strategy(
-            op_schema, strategy, output_metas, strategy_name(self.func)
+            op_schema,
+            strategy,
+            resolve_output_metas(op_schema, output_metas),
+            strategy_name(self.func),
         )
 
     def __repr__(self) -> str:

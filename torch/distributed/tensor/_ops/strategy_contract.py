@@ -164,8 +164,10 @@ def element_output_metas(op: OpOverload, output_metas: OutputMetas, index: int) 
         # A single List[Tensor] return: element i is the i-th tensor.
         return output_metas[index]
     # Several list returns (e.g. functional fused optimizers): one entry per return.
+    # (a TensorMeta is a NamedTuple: a tensor return is taken whole, not indexed)
     return tuple(
-        m[index] if isinstance(m, (list, tuple)) else m for m in output_metas
+        m[index] if isinstance(m, (list, tuple)) and not isinstance(m, TensorMeta) else m
+        for m in output_metas
     )
 
 
