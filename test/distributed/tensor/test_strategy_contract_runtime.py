@@ -59,8 +59,11 @@ from torch.testing._internal.distributed._tensor.contract_common import (
     meta_of,
     op_strategy,
     planner_candidates,
+    query_strategy,
+    strategy_schema,
     StrategyContractTestBase,
 )
+from torch.testing._internal.distributed._tensor.contract_sweep import capped_candidates
 from torch.utils import _pytree as pytree
 
 
@@ -840,7 +843,66 @@ hardswish (decomp): aten.hardswish.default [S(0)S(1)] -> S(0)S(1)[8x6]
 mv (decomp): aten.mv.default [S(0)S(1), S(0)R] -> S(0)P(sum)[8] | redistribute [S(0)S(1), RS(0)]""")
 
 
+# ---------------------------------------------------------------------------
+# Decomposition-derived strategies: what eager dispatch traces
+# ---------------------------------------------------------------------------
+
+# Decomposition-only ops whose tensor-list argument eager dispatch does not flatten
+# (their schema info has no needs_pytree): stock torch 2.13.0 traces combinations of
+# placements for each call and then gives up, so no trace can help; planners, which
+# flatten the lists, get an answer.
+LIST_ARG_DECOMPOSITION_OPS: tuple[str, ...] = (
+    "_unsafe_masked_index",
+    "_unsafe_masked_index_put_accumulate",
+)
+
+
+class TestDecompositionTraceBound(StrategyContractTestBase):
+    """Eager dispatch must never trace a decomposition more than stock does."""
+
+    def sample_args(self, name: str) -> tuple[torch._ops.OpOverload, tuple, dict]:
+        opinfo = _opinfos()[(name, "")]
+        sample = next(iter(opinfo.sample_inputs("cpu", torch.float32)))
+        op = getattr(aten, name).default
+        return op, (sample.input, *sample.args), dict(sample.kwargs)
+
+    @parametrize("name", LIST_ARG_DECOMPOSITION_OPS)
+    def test_eager_list_arguments_trace_nothing(self, name: str) -> None:
+        op, args, kwargs = self.sample_args(name)
+        p = _propagator()
+        self.assertEqual(registry_of(p, op), "decomposition")
+        mesh = self.mesh((4,))
+        traced = mock.patch.object(
+            DecompShardingStrategy,
+            "_propagate_through_decomp",
+            autospec=True,
+            side_effect=DecompShardingStrategy._propagate_through_decomp,
+        )
+        for placement in (R, S0):
+            with self.subTest(placement=str(placement)):
+                clear_sharding_caches(p)
+
+                def distribute(t: torch.Tensor) -> DTensor:
+                    shardable = t.dim() > 0 and t.shape[0] % mesh.size() == 0
+                    return distribute_tensor(t, mesh, [placement if shardable else R])
+
+                dargs, dkwargs = pytree.tree_map_only(torch.Tensor, distribute, (args, kwargs))
+                with traced as trace, self.assertRaisesRegex(NotImplementedError, str(op)):
+                    op(*dargs, **dkwargs)
+                self.assertEqual(trace.call_count, 0)
+
+    @parametrize("name", LIST_ARG_DECOMPOSITION_OPS)
+    def test_planner_query_reaches_list_arguments(self, name: str) -> None:
+        op, args, kwargs = self.sample_args(name)
+        mesh = self.mesh((4,))
+        schema = strategy_schema(mesh, op, args, kwargs, capped_candidates(4))
+        strategy = query_strategy(schema, mesh)
+        self.assertIsNotNone(strategy, f"no planner strategy for {op}")
+        self.assert_contract(schema, strategy)
+
+
 instantiate_parametrized_tests(TestShapeInferenceCount)
+instantiate_parametrized_tests(TestDecompositionTraceBound)
 instantiate_parametrized_tests(TestEagerMatchesTorch)
 
 
