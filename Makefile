@@ -6,6 +6,7 @@
 #   make export           dist/dtensor-strategy-contract.patch + dist/PR.md
 #   make test             build, then run tools/test and test/distributed/tensor
 #   make audit            build, then run tools.audit (STRICT=1, OPS=...)
+#   make bench            build, then run tools.bench, stock vs built (STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
 #   make clean            remove both venvs and dist/
 
 PYTHON ?= python3.11
@@ -17,7 +18,7 @@ BUILD_TOOL = $(PYTHON) tools/build.py
 VENV_ARGS = --venv $(VENV) --stock-venv $(STOCK_VENV)
 TEST_DIRS = tools/test $(wildcard test/distributed/tensor)
 
-.PHONY: build refresh check-refreshed export test audit clean
+.PHONY: build refresh check-refreshed export test audit bench clean
 
 build:
 	$(BUILD_TOOL) build $(VENV_ARGS) $(if $(PIP_ARGS),--pip-args "$(PIP_ARGS)") $(if $(FORCE),--force)
@@ -36,6 +37,9 @@ test: build
 
 audit: build
 	$(VENV)/bin/python -m tools.audit --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python $(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)")
+
+bench: build
+	$(VENV)/bin/python -m tools.bench --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python $(if $(STRICT),--strict) $(if $(BENCH),--bench "$(BENCH)") $(if $(REPEATS),--repeats $(REPEATS)) $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) $(STOCK_VENV) dist

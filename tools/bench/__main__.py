@@ -1,0 +1,279 @@
+"""Benchmark DTensor with and without the strategy-contract change, side by side.
+
+Run from the repository root (``make bench`` does, after ``make build``)::
+
+    python -m tools.bench                                   # all, 5 repeats
+    python -m tools.bench --bench planner_enumeration --repeats 3
+    python -m tools.bench --quick --repeats 1               # smoke run, seconds
+    python -m tools.bench --strict                          # exit 1 if a target is missed
+
+For every benchmark and repeat the worker (``tools/bench/worker.py``) runs once
+under the stock python and once under the built python, as separate processes,
+alternating stock, built, stock, built, ... so that drift on a shared machine
+hits both sides alike. Each worker times with pyperf (worker mode, fixed
+warmups/values/loops) and writes pyperf JSON, read back here with
+``pyperf.Benchmark``. Per side, the median is taken over every value of every
+repeat; the spread is that of the per-repeat medians (relative stdev and
+min-max); the ratio is built/stock and is checked against the target.
+
+Writes ``reports/bench.json`` (one entry per benchmark) and the merged pyperf
+suites ``<work-dir>/stock.pyperf.json`` and ``built.pyperf.json`` (for
+``python -m pyperf compare_to``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyperf
+
+from tools.bench.worker import BENCHES
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ROLES = ("stock", "built")
+
+
+@dataclass
+class SideResult:
+    """One side of one benchmark: a pyperf Benchmark per repeat, and worker infos."""
+
+    benches: list[pyperf.Benchmark] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def repeat_medians(self) -> list[float]:
+        return [b.median() for b in self.benches]
+
+    @property
+    def values(self) -> list[float]:
+        return [v for b in self.benches for v in b.get_values()]
+
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def spread(self) -> dict[str, float]:
+        meds = self.repeat_medians
+        mean = statistics.fmean(meds)
+        rel = statistics.stdev(meds) / mean if len(meds) > 1 and mean > 0 else 0.0
+        return {"rel_stdev": rel, "min_s": min(meds), "max_s": max(meds)}
+
+    def merged(self) -> pyperf.Benchmark:
+        """Every repeat's runs in one pyperf Benchmark (for the side's suite file)."""
+        return pyperf.Benchmark([run for b in self.benches for run in b.get_runs()])
+
+
+def resolve_python(path: str, role: str) -> str:
+    py = Path(path)
+    if not py.is_absolute():
+        py = REPO_ROOT / py
+    if not py.exists():
+        raise SystemExit(f"{role} python not found: {py} (run `make build`, or pass --{role}-python)")
+    return str(py)
+
+
+def run_worker(
+    python: str, role: str, bench: str, repeat: int, args: argparse.Namespace, work: Path
+) -> tuple[pyperf.Benchmark, dict[str, Any]]:
+    """One worker process; its pyperf Benchmark and info, or SystemExit naming what failed."""
+    stem = f"{bench}-r{repeat}-{role}"
+    out, info = work / f"{stem}.run.json", work / f"{stem}.info.json"
+    for f in (out, info):
+        f.unlink(missing_ok=True)
+    cmd = [python, "-m", "tools.bench.worker", "--bench", bench, "--role", role,
+           "--out", str(out), "--info", str(info)]
+    if args.quick:
+        cmd.append("--quick")
+    if repeat == 0:
+        cmd.append("--memory")  # one extra measured run, first repeat only
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               PYTHONDONTWRITEBYTECODE="1")
+    try:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"bench {bench} repeat {repeat + 1} {role}: worker timed out after "
+                         f"{args.timeout} s\n  command: {shlex.join(cmd)}")
+    if proc.returncode != 0 or not out.exists() or not info.exists():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
+        raise SystemExit(f"bench {bench} repeat {repeat + 1} {role}: worker failed "
+                         f"(exit {proc.returncode})\n  command: {shlex.join(cmd)}\n{tail}")
+    return pyperf.Benchmark.load(str(out)), json.loads(info.read_text())
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def fmt_spread(s: dict[str, float]) -> str:
+    return f"±{100 * s['rel_stdev']:.1f}% ({fmt_s(s['min_s'])}–{fmt_s(s['max_s'])})"
+
+
+def summarize(name: str, sides: dict[str, SideResult], repeats: int, command: str) -> dict[str, Any]:
+    """The reports/bench.json entry of one benchmark."""
+    stock, built = sides["stock"], sides["built"]
+    stock_s, built_s = stock.median(), built.median()
+    ratio = built_s / stock_s
+    paired = [b / s for s, b in zip(stock.repeat_medians, built.repeat_medians)]
+    target = BENCHES[name].target
+    entry: dict[str, Any] = {
+        "name": name,
+        "stock_s": stock_s,
+        "built_s": built_s,
+        "ratio": ratio,
+        "spread": {
+            "stock": stock.spread(),
+            "built": built.spread(),
+            "ratio_per_repeat": {"min": min(paired), "max": max(paired)},
+            "what": "relative stdev and min–max of the per-repeat medians; "
+            "ratio_per_repeat pairs each repeat's stock and built workers",
+        },
+        "target": target,
+        "pass": ratio <= target,
+        "repeats": repeats,
+        "values_per_repeat": len(stock.benches[0].get_values()),
+        "loops_per_value": stock.infos[0]["plan"]["loops"],
+        "what": BENCHES[name].what,
+        "torch": {r: sides[r].infos[0]["torch"] + (" + change" if sides[r].infos[0]["has_change"] else "")
+                  for r in ROLES},
+        "command": command,
+    }
+    if name == "planner_enumeration":
+        keys = ("walk", "blocks", "candidate_cap", "nodes", "queries", "specs", "candidates",
+                "registries", "fallback_nodes", "fallbacks", "fallback_reasons", "repairs")
+        entry["walk"] = {r: {k: sides[r].infos[0].get(k) for k in keys} for r in ROLES}
+        for r in ROLES:
+            entry[f"{r}_peak_mib"] = sides[r].infos[0].get("peak_tracemalloc_mib")
+        entry["peak_memory_kind"] = stock.infos[0].get("peak_memory_kind")
+    entry["max_rss_mib"] = {r: max(i["max_rss_mib"] for i in sides[r].infos) for r in ROLES}
+    return entry
+
+
+def table(entries: list[dict[str, Any]]) -> str:
+    headers = ["benchmark", "stock median", "stock spread", "built median", "built spread",
+               "built/stock", "per-repeat", "target", "result"]
+    rows = [headers]
+    for e in entries:
+        pr = e["spread"]["ratio_per_repeat"]
+        rows.append([
+            e["name"], fmt_s(e["stock_s"]), fmt_spread(e["spread"]["stock"]),
+            fmt_s(e["built_s"]), fmt_spread(e["spread"]["built"]), f"{e['ratio']:.3f}",
+            f"{pr['min']:.3f}–{pr['max']:.3f}", f"<= {e['target']:.2f}",
+            "PASS" if e["pass"] else "FAIL",
+        ])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def planner_lines(entries: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for e in entries:
+        if "walk" not in e:
+            continue
+        for r in ROLES:
+            w = e["walk"][r]
+            lines.append(
+                f"planner walk {r} ({w['walk']}): {w['nodes']} nodes, {w['queries']} queries, "
+                f"{w['specs']} specs, {w['fallback_nodes']} all-Replicate fallbacks "
+                f"{w['fallbacks']}; peak {e[f'{r}_peak_mib']} MiB (tracemalloc)"
+            )
+    return lines
+
+
+def parse_benches(text: str | None) -> list[str]:
+    names = [n.strip() for n in (text or "").split(",") if n.strip()] or list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHES)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", help=f"comma-separated names (default all: {','.join(BENCHES)})")
+    ap.add_argument("--repeats", type=int, default=5, help="worker pairs per benchmark (default 5)")
+    ap.add_argument("--stock-python", default=".venv-stock/bin/python")
+    ap.add_argument("--built-python", default=".venv/bin/python")
+    ap.add_argument("--out", default="reports/bench.json")
+    ap.add_argument("--work-dir", default=".build/bench", help="per-worker pyperf and info files")
+    ap.add_argument("--quick", action="store_true", help="tiny plans and model: a smoke run")
+    ap.add_argument("--strict", action="store_true", help="exit 1 if a ratio misses its target")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
+
+    names = parse_benches(args.bench)
+    pythons = {"stock": resolve_python(args.stock_python, "stock"),
+               "built": resolve_python(args.built_python, "built")}
+    work = Path(args.work_dir)
+    work = work if work.is_absolute() else REPO_ROOT / work
+    work.mkdir(parents=True, exist_ok=True)
+    command = "python -m tools.bench " + shlex.join(
+        (["--bench", ",".join(names)] if args.bench else [])
+        + ["--repeats", str(args.repeats)] + (["--quick"] if args.quick else []))
+    print(f"[bench] {', '.join(names)}; {args.repeats} repeats; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores",
+          file=sys.stderr, flush=True)
+
+    t_start = time.monotonic()
+    entries = []
+    merged: dict[str, dict[str, pyperf.Benchmark]] = {}
+    for name in names:
+        sides = {r: SideResult() for r in ROLES}
+        for repeat in range(args.repeats):
+            for role in ROLES:  # stock, built, stock, built, ...
+                t0 = time.monotonic()
+                bench, info = run_worker(pythons[role], role, name, repeat, args, work)
+                sides[role].benches.append(bench)
+                sides[role].infos.append(info)
+                print(f"[bench] {name} {repeat + 1}/{args.repeats} {role}: median "
+                      f"{fmt_s(bench.median())} ({time.monotonic() - t0:.0f} s wall)",
+                      file=sys.stderr, flush=True)
+        if sides["stock"].infos[0]["has_change"] == sides["built"].infos[0]["has_change"]:
+            print(f"[bench] warning: stock and built workers report the same torch "
+                  f"(has_change={sides['stock'].infos[0]['has_change']}); the ratio compares "
+                  f"a torch with itself", file=sys.stderr)
+        entries.append(summarize(name, sides, args.repeats, command))
+        merged[name] = {r: sides[r].merged() for r in ROLES}
+
+    for role in ROLES:  # this invocation's benchmarks, for `python -m pyperf compare_to`
+        suite = pyperf.BenchmarkSuite([m[role] for m in merged.values()])
+        suite.dump(str(work / f"{role}.pyperf.json"), replace=True)
+
+    out = Path(args.out)
+    out = out if out.is_absolute() else REPO_ROOT / out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(entries, indent=1) + "\n")
+
+    print(table(entries))
+    for line in planner_lines(entries):
+        print(line)
+    print(f"wrote {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
+          f"({time.monotonic() - t_start:.0f} s); pyperf suites in {work}")
+    failed = [e["name"] for e in entries if not e["pass"]]
+    if failed:
+        print(f"targets missed: {', '.join(failed)}" + ("" if args.strict else " (not --strict)"))
+    return 1 if failed and args.strict else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Set-up shared by the benchmarks: fake process group, meshes, DTensor's caches.
+
+Everything here uses only torch 2.13.0 APIs (or probes for the built change's
+additions), because the same file runs in the stock and the built venv.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORLD_SIZE = 8
+CONTRACT_SWEEP = "torch/testing/_internal/distributed/_tensor/contract_sweep.py"
+
+
+def init_fake_process_group() -> None:
+    """An in-process world of 8 ranks (this process is rank 0); no real collectives."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE)
+
+
+def cpu_mesh(shape: tuple[int, ...]) -> DeviceMesh:
+    """A CPU DeviceMesh over the fake world."""
+    if torch.Size(shape).numel() != WORLD_SIZE:
+        raise ValueError(f"mesh {shape} does not cover the fake world of {WORLD_SIZE} ranks")
+    return init_device_mesh("cpu", shape)
+
+
+def clear_dtensor_caches() -> list[str]:
+    """Empty every sharding cache DTensor keeps across calls; return which were cleared.
+
+    Stock and built both have the propagation caches (Python lru_cache and the
+    C++ fast path, via the debug helper) and the tensor-meta lru_cache on the
+    propagator; only the built change has the finalizer's output-meta cache.
+    """
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    cleared = ["sharding_prop"]
+    _clear_sharding_prop_cache()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    meta_cached = getattr(propagator, "_propagate_tensor_meta_cached", None)
+    if meta_cached is not None and hasattr(meta_cached, "cache_clear"):
+        meta_cached.cache_clear()
+        cleared.append("tensor_meta")
+    try:
+        from torch.distributed.tensor._ops import _finalize_strategy
+    except ImportError:  # stock torch: no finalizer
+        return cleared
+    cache = getattr(_finalize_strategy, "_meta_cache", None)
+    if cache is not None:
+        with _finalize_strategy._meta_cache_lock:
+            cache.clear()
+        cleared.append("finalize_meta")
+    return cleared
+
+
+def load_contract_sweep() -> ModuleType:
+    """contract_sweep as installed (built venv), else loaded from the repo by path (stock)."""
+    try:
+        from torch.testing._internal.distributed._tensor import contract_sweep
+
+        return contract_sweep
+    except ImportError:
+        pass
+    path = REPO_ROOT / CONTRACT_SWEEP
+    spec = importlib.util.spec_from_file_location("_bench_contract_sweep", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load contract_sweep from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def has_contract_change() -> bool:
+    """Whether the running torch carries the strategy-contract change."""
+    return importlib.util.find_spec("torch.distributed.tensor._ops._finalize_strategy") is not None

@@ -1,0 +1,288 @@
+"""One side of one benchmark repeat: runs inside one venv, writes pyperf JSON + info JSON.
+
+Run from the repository root (the orchestrator, ``python -m tools.bench``, does)::
+
+    .venv/bin/python -m tools.bench.worker --bench planner_enumeration \\
+        --out /tmp/built.json --info /tmp/built.info.json [--quick] [--memory]
+
+The timing is pyperf's: a ``pyperf.Runner`` in ``--worker`` mode with fixed
+warmups, values and loops, so this process is the one pyperf worker and the
+orchestrator decides how processes alternate. ``--out`` receives the pyperf
+benchmark JSON; ``--info`` what the benchmark computed (counts, checks, caches
+cleared, peak memory), which pyperf's metadata cannot hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """pyperf's fixed loop structure for one benchmark (no calibration)."""
+
+    warmups: int
+    values: int
+    loops: int
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """A benchmark: its target ratio (built/stock), full and quick plans, and why."""
+
+    target: float
+    full: Plan
+    quick: Plan
+    what: str
+
+
+BENCHES: dict[str, BenchSpec] = {
+    "eager_dispatch_warm": BenchSpec(
+        1.02,
+        Plan(warmups=3, values=10, loops=200),
+        Plan(warmups=1, values=2, loops=2),
+        "DTensor eager op list (pointwise, mm/matmul, sum, view/transpose, softmax, cat, "
+        "layer_norm fwd+bwd) on a 2x4 mesh, sharding cache warm; seconds per op list",
+    ),
+    "eager_dispatch_cold": BenchSpec(
+        1.10,
+        Plan(warmups=1, values=8, loops=3),
+        Plan(warmups=0, values=2, loops=1),
+        "the same op list with DTensor's sharding caches cleared before each call",
+    ),
+    "planner_enumeration": BenchSpec(
+        0.80,
+        Plan(warmups=1, values=2, loops=1),
+        Plan(warmups=0, values=1, loops=1),
+        "every node of a traced 4-block Llama step (fwd+bwd) queried with planner "
+        "candidates on a 2x4 mesh; built as returned vs stock + repair pass; seconds per walk",
+    ),
+}
+
+# Planner walk sizes: (blocks, candidates per tensor).
+PLANNER_FULL = (4, 8)
+PLANNER_QUICK = (1, 4)
+MESH_SHAPE = (2, 4)
+
+
+def _max_rss_mib() -> float:
+    """Peak resident set size of this process so far (getrusage; KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _tracemalloc_peak(action: Callable[[], object]) -> float:
+    """Peak Python-heap growth (MiB, tracemalloc) while ``action`` runs."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        action()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return (peak - base) / (1024.0 * 1024.0)
+
+
+class Benchmark:
+    """Set-up, the measured function (pyperf ``time_func``), and the checks."""
+
+    name: str
+
+    def time_func(self, loops: int) -> float:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        raise NotImplementedError
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+    def memory(self) -> dict[str, Any]:
+        return {}
+
+
+class EagerBench(Benchmark):
+    """The eager op list; ``cold`` clears DTensor's caches before every call."""
+
+    def __init__(self, cold: bool) -> None:
+        from tools.bench import common, eager
+
+        self.common = common
+        self.eager = eager
+        self.cold = cold
+        self.inputs = eager.make_inputs(common.cpu_mesh(MESH_SHAPE))
+        self.cleared = common.clear_dtensor_caches()
+        self.results = eager.run_ops(self.inputs)  # the warm-up call; also checked
+        self.check()
+
+    def time_func(self, loops: int) -> float:
+        total = 0.0
+        run_ops, clear = self.eager.run_ops, self.common.clear_dtensor_caches
+        for _ in range(loops):
+            if self.cold:
+                clear()
+            t0 = time.perf_counter()
+            self.results = run_ops(self.inputs)
+            total += time.perf_counter() - t0
+        return total
+
+    def check(self) -> None:
+        self.eager.check_results(self.results)
+
+    def info(self) -> dict[str, Any]:
+        return {"ops": list(self.eager.OPS), "caches_cleared": self.cleared if self.cold else []}
+
+
+class PlannerBench(Benchmark):
+    """The planner walk over a traced Llama step; caches cleared before each walk."""
+
+    def __init__(self, quick: bool) -> None:
+        from tools.bench import common, model, planner
+
+        self.common = common
+        self.planner = planner
+        self.blocks, self.cap = PLANNER_QUICK if quick else PLANNER_FULL
+        self.mesh = common.cpu_mesh(MESH_SHAPE)
+        self.sweep = common.load_contract_sweep()
+        self.side = "built" if common.has_contract_change() else "stock"
+        t0 = time.perf_counter()
+        self.gm = model.trace_llama(model.LlamaDims(blocks=self.blocks))
+        self.trace_s = time.perf_counter() - t0
+        self.cleared: list[str] = []
+        self.stats = None
+
+    def walk(self) -> Any:
+        return self.planner.walk_once(self.mesh, self.gm.graph, self.side, self.sweep, self.cap)
+
+    def time_func(self, loops: int) -> float:
+        total = 0.0
+        for _ in range(loops):
+            self.cleared = self.common.clear_dtensor_caches()
+            t0 = time.perf_counter()
+            stats = self.walk()
+            total += time.perf_counter() - t0
+            self.stats = stats
+        return total
+
+    def check(self) -> None:
+        if self.stats is None:
+            raise RuntimeError("planner_enumeration: no walk was measured")
+        self.planner.check_walk(self.stats, self.gm.graph)
+
+    def info(self) -> dict[str, Any]:
+        nodes = self.gm.graph.nodes
+        return {
+            "walk": self.side,
+            "blocks": self.blocks,
+            "candidate_cap": self.cap,
+            "mesh": list(MESH_SHAPE),
+            "graph_nodes": len(nodes),
+            "trace_s": round(self.trace_s, 3),
+            "caches_cleared": self.cleared,
+            **(self.stats.as_dict() if self.stats is not None else {}),
+        }
+
+    def memory(self) -> dict[str, Any]:
+        def cold_walk() -> None:
+            self.common.clear_dtensor_caches()
+            self.walk()
+
+        return {
+            "peak_tracemalloc_mib": round(_tracemalloc_peak(cold_walk), 2),
+            "peak_memory_kind": "tracemalloc peak of Python allocations during one cold walk "
+            "(above the heap at its start; the graph and torch are already loaded)",
+        }
+
+
+def make_bench(name: str, quick: bool) -> Benchmark:
+    if name == "eager_dispatch_warm":
+        return EagerBench(cold=False)
+    if name == "eager_dispatch_cold":
+        return EagerBench(cold=True)
+    if name == "planner_enumeration":
+        return PlannerBench(quick)
+    raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHES)}")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import pyperf
+    import torch
+
+    from tools.bench import common
+
+    spec = BENCHES[args.bench]
+    plan = spec.quick if args.quick else spec.full
+    out = Path(args.out)
+    if out.exists():
+        out.unlink()  # pyperf refuses to overwrite a result file
+    common.init_fake_process_group()
+    t0 = time.perf_counter()
+    bench = make_bench(args.bench, args.quick)
+    setup_s = time.perf_counter() - t0
+
+    runner = pyperf.Runner(processes=1, values=plan.values, warmups=plan.warmups, loops=plan.loops)
+    runner.parse_args(
+        [
+            "--worker",
+            "--quiet",
+            "--values", str(plan.values),
+            "--warmups", str(plan.warmups),
+            "--loops", str(plan.loops),
+            "--output", str(out),
+        ]
+    )
+    runner.metadata["bench_role"] = args.role
+    result = runner.bench_time_func(args.bench, bench.time_func)
+    if result is None or not out.exists():
+        raise RuntimeError(f"{args.bench}: pyperf wrote no result to {out}")
+    bench.check()  # what the last measured call computed
+    info: dict[str, Any] = {
+        "bench": args.bench,
+        "role": args.role,
+        "torch": torch.__version__,
+        "has_change": common.has_contract_change(),
+        "python": sys.executable,
+        "pid": os.getpid(),
+        "quick": args.quick,
+        "plan": vars(plan),
+        "setup_s": round(setup_s, 3),
+        "checks": "passed",
+        **bench.info(),
+    }
+    if args.memory:
+        info.update(bench.memory())
+    info["max_rss_mib"] = round(_max_rss_mib(), 1)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", required=True, choices=sorted(BENCHES))
+    ap.add_argument("--role", default="torch", help="label recorded in the results (stock/built)")
+    ap.add_argument("--out", required=True, help="pyperf benchmark JSON to write")
+    ap.add_argument("--info", required=True, help="JSON of counts, checks and memory to write")
+    ap.add_argument("--quick", action="store_true", help="tiny plan and model: a smoke run")
+    ap.add_argument("--memory", action="store_true", help="also measure peak memory (one extra run)")
+    args = ap.parse_args(argv)
+    info = run(args)
+    Path(args.info).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
