@@ -7,6 +7,8 @@ Run from the repository root::
     python -m tools.audit --ops aten.convolution_backward.default --meshes 2x4
     python -m tools.audit --strict              # non-zero exit if the built torch breaks the contract
     python -m tools.audit --stock-python /tmp/probe/bin/python --built-python /tmp/probe/bin/python
+    python -m tools.audit --parity              # also the runtime parity sweep (DTensor eager vs torch)
+    python -m tools.audit --parity-only --ops add,mm,softmax
 
 The worker (``tools/audit/worker.py``) runs once under each python, in parallel,
 and writes one JSON each under ``.build/audit/``. This orchestrator only uses the
@@ -16,6 +18,13 @@ standard library: it merges both, prints the side-by-side tables and writes
 ``--strict`` fails when the built torch has any contract violation, any exception
 while a strategy is queried (ops in ``tools/audit/skips.py`` are not queried), or
 when a runtime selection (output placements, redistribution) differs from stock.
+
+``--parity`` then runs ``tools/audit/parity.py`` under stock and under built, one
+after the other (never in parallel, so their times compare): DTensor eager over the
+OpInfo db against plain torch. Per OpInfo the outcome (same/wrong/raised/skipped)
+and the DTensor wall time are compared; ``--strict`` also fails on any op whose
+outcome got worse and on any op more than 3x slower than stock (built >= 0.5 s).
+``--parity-only`` runs just that and keeps the contract sections of the last report.
 """
 
 from __future__ import annotations
@@ -103,7 +112,25 @@ def worker_command(python: str, role: str, out: Path, args: argparse.Namespace) 
     return cmd
 
 
-def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path) -> dict[str, dict]:
+def parity_command(python: str, role: str, out: Path, args: argparse.Namespace) -> list[str]:
+    """The runtime parity worker (tools/audit/parity.py) for one torch."""
+    cmd = [python, "-m", "tools.audit.parity", "--role", role, "--out", str(out),
+           "--meshes", args.parity_meshes, "--op-timeout", str(args.op_timeout)]
+    if args.ops is not None:
+        cmd += ["--ops", args.ops]
+    if args.parity_samples is not None:
+        cmd += ["--max-samples", str(args.parity_samples)]
+    if args.foreach_tensors is not None:
+        cmd += ["--foreach-tensors", str(args.foreach_tensors)]
+    return cmd
+
+
+def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kind: str = "contract",
+                prefix: str | None = None) -> dict[str, dict]:
+    """Run one worker per torch; ``kind`` "parity" runs the parity worker, always one after the other."""
+    command, default_prefix = (parity_command, "parity-") if kind == "parity" else (worker_command, "")
+    prefix = default_prefix if prefix is None else prefix
+    sequential = args.sequential or kind == "parity"
     pythons = {"stock": args.stock_python, "built": args.built_python}
     for role in roles:
         py = Path(pythons[role])
@@ -128,10 +155,11 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path) -> 
     for role in roles:
         # per-run names, renamed to <role>.json/.log once the worker succeeded: a
         # concurrent run sharing the build dir never sees (or removes) a partial file
-        out = build_dir / f"{role}.{os.getpid()}.json"
+        out = build_dir / f"{prefix}{role}.{os.getpid()}.json"
         outs[role] = out
-        logs[role] = build_dir / f"{role}.{os.getpid()}.log"
-        cmd = worker_command(pythons[role], role, out, args)
+        logs[role] = build_dir / f"{prefix}{role}.{os.getpid()}.log"
+        cmd = command(pythons[role], role, out, args)
+        started = time.monotonic()
         logf = open(logs[role], "w")
         logf.write("$ " + " ".join(cmd) + "\n")
         logf.flush()
@@ -140,7 +168,7 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path) -> 
         )
         procs[role] = proc
 
-        def pump(role=role, proc=proc, logf=logf):
+        def pump(role=role, proc=proc, logf=logf, started=started):
             assert proc.stderr is not None
             for line in proc.stderr:
                 logf.write(line)
@@ -148,13 +176,14 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path) -> 
                 if m:
                     progress.update(m.group(1), m.group(2), int(m.group(3)), int(m.group(4)))
             proc.wait()
-            durations[role] = time.monotonic() - t0
+            # parity workers run one after the other: each one's own wall time
+            durations[role] = time.monotonic() - (started if kind == "parity" else t0)
             logf.close()
 
         th = threading.Thread(target=pump, daemon=True)
         th.start()
         threads.append(th)
-        if args.sequential:
+        if sequential:
             th.join()
     for th in threads:
         th.join()
@@ -171,8 +200,8 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path) -> 
             continue
         docs[role] = json.loads(outs[role].read_text())
         docs[role].setdefault("timing", {})["wall_s"] = round(durations.get(role, 0.0), 1)
-        os.replace(outs[role], build_dir / f"{role}.json")
-        os.replace(logs[role], build_dir / f"{role}.log")
+        os.replace(outs[role], build_dir / f"{prefix}{role}.json")
+        os.replace(logs[role], build_dir / f"{prefix}{role}.log")
     if failed:
         raise SystemExit(2)
     return docs
@@ -245,6 +274,146 @@ def merge(docs: dict[str, dict], skips: dict[str, str]) -> dict:
     return merged
 
 
+# --------------------------------------------------------------------------------------
+# Runtime parity (tools/audit/parity.py), stock vs built
+# --------------------------------------------------------------------------------------
+
+# Worse is bigger; a skipped op (no float32, plain torch raised, nondeterministic) ranks
+# with "same": only a DTensor run that fails where it did not is a regression.
+PARITY_SEVERITY = {"same": 0, "skipped": 0, "wrong": 1, "raised": 2}
+PARITY_REPORT_RATIO = 1.5   # listed as slower
+PARITY_STRICT_RATIO = 3.0   # fails --strict
+PARITY_FLOOR_S = 0.5        # below this, DTensor time is noise
+
+
+def _parity_outcome(rec: dict) -> str:
+    """``raised: Type``, ``wrong``, ``same`` or ``skipped``: what the report shows."""
+    if rec["outcome"] == "raised":
+        return f"raised: {rec.get('type', '?')}"
+    return rec["outcome"]
+
+
+def classify_parity(stock: dict, built: dict) -> str | None:
+    """How one op moved from stock to built: worse, newly_works, better, note, or None."""
+    sev_s, sev_b = PARITY_SEVERITY[stock["outcome"]], PARITY_SEVERITY[built["outcome"]]
+    if sev_b > sev_s:
+        return "worse"
+    if sev_b < sev_s:
+        return "newly_works" if built["outcome"] == "same" else "better"
+    if stock["outcome"] != built["outcome"] or (
+        (stock.get("type"), stock.get("message")) != (built.get("type"), built.get("message"))
+    ):
+        return "note"
+    return None
+
+
+def time_ratio(stock_s: float, built_s: float) -> float | None:
+    """built/stock DTensor time; None when neither ran DTensor, inf when only built did."""
+    if stock_s > 0:
+        return built_s / stock_s
+    return float("inf") if built_s > 0 else None
+
+
+def compare_parity(pdocs: dict[str, dict]) -> dict:
+    """Per op: outcome change and DTensor time ratio, stock vs built, with totals."""
+    out: dict = {
+        "torches": {r: {"counts": d["counts"], "ops": len(d["ops"]), "dtensor_s": d["timing"].get("dtensor_s"),
+                        "wall_s": d["timing"].get("wall_s"), "total_s": d["timing"].get("total_s"),
+                        "load": (d["timing"].get("loadavg_start") or [None])[0]}
+                    for r, d in pdocs.items()},
+        "config": {**(next(iter(pdocs.values()))["config"] if pdocs else {}),
+                   "retime": max((len(r.get("timings_s", [0])) - 1 for d in pdocs.values() for r in d["ops"].values()),
+                                 default=0)},
+        "compared": 0, "worse": [], "newly_works": [], "better": [], "notes": [], "slower": [],
+        "only_stock": [], "only_built": [],
+        "thresholds": {"report_ratio": PARITY_REPORT_RATIO, "strict_ratio": PARITY_STRICT_RATIO,
+                       "floor_s": PARITY_FLOOR_S},
+    }
+    if not all(r in pdocs for r in ROLES):
+        return out
+    s_ops, b_ops = pdocs["stock"]["ops"], pdocs["built"]["ops"]
+    out["only_stock"] = sorted(set(s_ops) - set(b_ops))
+    out["only_built"] = sorted(set(b_ops) - set(s_ops))
+    for op in sorted(set(s_ops) & set(b_ops)):
+        s, b = s_ops[op], b_ops[op]
+        out["compared"] += 1
+        entry = {"op": op, "stock": _parity_outcome(s), "built": _parity_outcome(b),
+                 "stock_message": s.get("message", ""), "built_message": b.get("message", ""),
+                 "stock_s": s.get("dtensor_s", 0.0), "built_s": b.get("dtensor_s", 0.0)}
+        kind = classify_parity(s, b)
+        if kind == "worse":
+            out["worse"].append(entry)
+        elif kind == "newly_works":
+            out["newly_works"].append(entry)
+        elif kind == "better":
+            out["better"].append(entry)
+        elif kind == "note":
+            out["notes"].append(entry)
+        ratio = time_ratio(entry["stock_s"], entry["built_s"])
+        if ratio is not None and ratio > PARITY_REPORT_RATIO and max(entry["stock_s"], entry["built_s"]) >= PARITY_FLOOR_S:
+            out["slower"].append({**entry, "ratio": round(ratio, 2) if ratio != float("inf") else "inf"})
+    out["slower"].sort(key=lambda e: -(float("inf") if e["ratio"] == "inf" else e["ratio"]))
+    out["totals"] = {k: len(out[k]) for k in ("worse", "newly_works", "better", "notes", "slower")}
+    out["totals"]["strict_slower"] = len(parity_strict_slower(out))
+    return out
+
+
+def retime_parity(args: argparse.Namespace, roles: list[str], build_dir: Path, pdocs: dict[str, dict]) -> dict:
+    """Re-run the ops flagged slower, stock then built again, and keep each side's fastest time.
+
+    On a shared 2-core machine one sweep's wall times carry other jobs' noise; a real
+    slowdown survives a second measurement, a noisy one does not. Ops whose outcome got
+    worse are not re-run (they fail --strict anyway, and may be hangs).
+    """
+    parity = compare_parity(pdocs)
+    for attempt in range(1, args.parity_retime + 1):
+        worse = {e["op"] for e in parity["worse"]}
+        flagged = sorted({e["op"].split("#")[0] for e in parity["slower"] if e["op"] not in worse})
+        if not flagged:
+            break
+        print(f"[audit] parity: re-timing {len(flagged)} ops flagged slower ({attempt}/{args.parity_retime}): "
+              + ", ".join(flagged), file=sys.stderr, flush=True)
+        sub = argparse.Namespace(**{**vars(args), "ops": ",".join(flagged)})
+        again = run_workers(sub, roles, build_dir, kind="parity", prefix=f"parity-retime{attempt}-")
+        for role in roles:
+            for op, rec in again[role]["ops"].items():
+                first = pdocs[role]["ops"].get(op)
+                if first is None:
+                    continue
+                first.setdefault("timings_s", [first["dtensor_s"]]).append(rec["dtensor_s"])
+                first["dtensor_s"] = min(first["timings_s"])
+        parity = compare_parity(pdocs)
+    for role in roles:
+        # the worker JSON keeps the fastest times, so --from-json renders what was reported
+        (build_dir / f"parity-{role}.json").write_text(json.dumps(pdocs[role], indent=1))
+    return parity
+
+
+def parity_strict_slower(parity: dict) -> list[dict]:
+    """Ops slower than PARITY_STRICT_RATIO x stock whose built time is at least the floor."""
+    def ratio(e: dict) -> float:
+        return float("inf") if e["ratio"] == "inf" else e["ratio"]
+
+    return [e for e in parity.get("slower", []) if ratio(e) > PARITY_STRICT_RATIO and e["built_s"] >= PARITY_FLOOR_S]
+
+
+def parity_strict_failures(parity: dict | None) -> list[str]:
+    """What fails --strict in the parity comparison: any worse outcome, any op > 3x slower."""
+    if parity is None:
+        return []
+    reasons = []
+    if parity.get("worse"):
+        ops = ", ".join(e["op"] for e in parity["worse"][:10])
+        more = f" +{len(parity['worse']) - 10}" if len(parity["worse"]) > 10 else ""
+        reasons.append(f"runtime parity: {len(parity['worse'])} ops got worse than stock ({ops}{more})")
+    slow = parity_strict_slower(parity)
+    if slow:
+        ops = ", ".join(f"{e['op']} {e['ratio']}x" for e in slow[:10])
+        reasons.append(f"runtime parity: {len(slow)} ops slower than {PARITY_STRICT_RATIO:g}x stock "
+                       f"(built >= {PARITY_FLOOR_S:g}s): {ops}")
+    return reasons
+
+
 def outside_skips(rec: dict, skips: set[str]) -> tuple[int, int, int]:
     """(OpSpec violations, ops with violations, errors) of one result, skip-listed ops left out."""
     nviol = sum(sum(v["specs_by_clause"].values()) for v in rec.get("violating_ops", []) if v["op"] not in skips)
@@ -269,6 +438,7 @@ def strict_failures(merged: dict) -> list[str]:
         kinds = ", ".join(f"{sum(1 for m in bad if m.get('kind', 'changed') == k)} {k}"
                           for k in STRICT_SELECTION_KINDS if any(m.get("kind", "changed") == k for m in bad))
         reasons.append(f"{len(bad)} runtime selections differ stock vs built ({kinds})")
+    reasons += parity_strict_failures(merged.get("parity"))
     return reasons
 
 
@@ -587,6 +757,10 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
         if len(shown) > top:
             out.append(f"... {len(shown) - top} more in reports/audit.json (selections.mismatches)")
 
+    if merged.get("parity") is not None:
+        out.append("")
+        out.append(render_parity(merged["parity"], md, top))
+
     if not md:
         out.append("")
         out.append(h("Timing"))
@@ -600,6 +774,85 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
         out.append(h("Strict"))
         out.append("FAIL: " + "; ".join(strict_reasons) if strict_reasons else "PASS")
     return "\n".join(out) + "\n"
+
+
+def render_parity(parity: dict, md: bool, top: int) -> str:
+    """The "Runtime parity" section: outcome counts per torch, then what changed."""
+    out: list[str] = []
+    h = (lambda t: f"### {t}") if md else (lambda t: f"\n== {t} ==")
+    fold = (lambda t: f"<details><summary><b>{t}</b></summary>\n") if md else h
+    unfold = "\n</details>" if md else ""
+    bullet = "- " if md else "  "
+    cfg = parity.get("config", {})
+    out.append(h("Runtime parity"))
+    out.append(
+        f"DTensor eager vs plain torch over the OpInfo db (float32, first {cfg.get('max_samples')} samples per "
+        f"OpInfo, preferring samples that get sharded; mesh {cfg.get('meshes')} simulated with LocalTensorMode; "
+        f"{cfg.get('op_timeout')}s per op)"
+        + (f"; ops filter `{cfg.get('ops')}`" if cfg.get("ops") else "")
+        + ". Per op the worst sample decides: `same`, `wrong` (differs from plain torch), `raised`, `skipped` "
+        "(no float32, plain torch raised, or nondeterministic). Time: wall seconds of the op's DTensor runs, "
+        "stock and built run one after the other; "
+        + (f"ops flagged slower were re-run {cfg['retime']} more time(s) on both torches, each side keeping its "
+           "fastest time." if cfg.get("retime") else "no op needed re-timing.")
+    )
+    out.append("")
+    rows = []
+    for role in ROLES:
+        t = parity["torches"].get(role)
+        if t is None:
+            continue
+        c = t["counts"]
+        rows.append([role, t["ops"], c.get("same", 0), c.get("wrong", 0), c.get("raised", 0), c.get("skipped", 0),
+                     t.get("dtensor_s"), t.get("wall_s"), "-" if t.get("load") is None else t["load"]])
+    out.append(table(["torch", "ops", "same", "wrong", "raised", "skipped", "DTensor s", "wall s", "load avg"],
+                     rows, md))
+    if "totals" not in parity:
+        return "\n".join(out)
+    tot = parity["totals"]
+    th = parity["thresholds"]
+    out.append("")
+    out.append(
+        f"{parity['compared']} ops compared: {tot['worse']} worse, {tot['newly_works']} newly work, "
+        f"{tot['better']} better (not yet same), {tot['notes']} same outcome with another message; "
+        f"{tot['slower']} slower than {th['report_ratio']:g}x stock (either time >= {th['floor_s']:g}s), "
+        f"{tot['strict_slower']} slower than {th['strict_ratio']:g}x (built >= {th['floor_s']:g}s). "
+        "`--strict` fails on worse outcomes and on ops slower than "
+        f"{th['strict_ratio']:g}x."
+    )
+    if parity["only_stock"] or parity["only_built"]:
+        out.append(f"{bullet}only in stock: {', '.join(parity['only_stock']) or 'none'}; "
+                   f"only in built: {', '.join(parity['only_built']) or 'none'}")
+
+    def changes(title: str, entries: list[dict], limit: int | None) -> None:
+        out.append("")
+        out.append((fold if md and title.startswith(("Same outcome", "Improvements")) else h)(title))
+        if not entries:
+            out.append("none")
+        else:
+            shown = entries if limit is None else entries[:limit]
+            out.append(table(["op", "stock", "built", "stock message", "built message", "stock s", "built s"],
+                             [[e["op"], e["stock"], e["built"], _code(e["stock_message"] or "-", 120, md),
+                               _code(e["built_message"] or "-", 120, md), e["stock_s"], e["built_s"]]
+                              for e in shown], md))
+            if limit is not None and len(entries) > limit:
+                out.append(f"... {len(entries) - limit} more in reports/audit.json (parity)")
+        if md and title.startswith(("Same outcome", "Improvements")):
+            out.append(unfold)
+
+    changes(f"Parity: outcome got worse ({tot['worse']})", parity["worse"], None)
+    out.append("")
+    out.append(h(f"Parity: slower than {th['report_ratio']:g}x stock ({tot['slower']})"))
+    if parity["slower"]:
+        out.append(table(["op", "stock s", "built s", "built/stock", "stock", "built"],
+                         [[e["op"], e["stock_s"], e["built_s"], e["ratio"], e["stock"], e["built"]]
+                          for e in parity["slower"]], md))
+    else:
+        out.append("none")
+    changes(f"Improvements: newly work ({tot['newly_works']}) and better ({tot['better']})",
+            parity["newly_works"] + parity["better"], None)
+    changes(f"Same outcome, another message ({tot['notes']})", parity["notes"], top)
+    return "\n".join(out)
 
 
 def load_skips() -> dict[str, str]:
@@ -643,30 +896,74 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-json", action="store_true", help="re-render from the worker JSON of the last run")
     ap.add_argument("--top", type=int, default=15, help="rows in the offender/mismatch lists")
     ap.add_argument("--strict", action="store_true",
-                    help="exit 1 if the built torch has violations or errors, or selections differ from stock")
+                    help="exit 1 if the built torch has violations or errors, or selections differ from stock; "
+                    "with --parity also on any op whose eager outcome got worse or that is > 3x slower than stock")
+    ap.add_argument("--parity", action="store_true",
+                    help="also run the runtime parity sweep (tools/audit/parity.py): DTensor eager vs plain torch, "
+                    "stock then built")
+    ap.add_argument("--parity-only", action="store_true", help="run only the runtime parity sweep")
+    ap.add_argument("--parity-samples", type=int, default=None, help="parity: samples per OpInfo (default 3)")
+    ap.add_argument("--parity-meshes", default="4", help="parity: mesh shapes, e.g. 4 or 4,2x2")
+    ap.add_argument("--parity-retime", type=int, default=1,
+                    help="parity: re-run ops flagged slower this many more times (stock then built), keeping each "
+                    "side's fastest time (0: one measurement)")
+    ap.add_argument("--op-timeout", type=float, default=120.0,
+                    help="parity: wall seconds of DTensor runs per OpInfo before it counts as raised Timeout")
     args = ap.parse_args(argv)
 
     roles = [args.only] if args.only else list(ROLES)
     build_dir = (REPO_ROOT / args.build_dir).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    if args.from_json:
+    out_dir = (REPO_ROOT / args.out_dir).resolve()
+    parity_wanted = args.parity or args.parity_only
+    if args.parity_only:
+        # keep the contract sections of the last full report; only the parity part is new
+        previous = out_dir / "audit.json"
+        merged = json.loads(previous.read_text()) if previous.exists() else {}
+        if "results" not in merged:
+            merged = {}
+        docs: dict[str, dict] = {}
+    elif args.from_json:
         docs = {r: json.loads((build_dir / f"{r}.json").read_text()) for r in roles}
     else:
         docs = run_workers(args, roles, build_dir)
-    skips = load_skips()
-    merged = merge(docs, skips)
-    merged["timing"]["orchestrator_wall_s"] = round(time.monotonic() - t0, 1)
-    reasons = strict_failures(merged) if args.strict else None
-    if args.strict and "built" not in docs:
+    if parity_wanted:
+        if args.from_json:
+            pdocs = {r: json.loads((build_dir / f"parity-{r}.json").read_text()) for r in roles}
+        else:
+            pdocs = run_workers(args, roles, build_dir, kind="parity")
+            if len(roles) == 2 and args.parity_retime:
+                retime_parity(args, roles, build_dir, pdocs)
+    if not args.parity_only:
+        merged = merge(docs, load_skips())
+    merged.setdefault("timing", {})["orchestrator_wall_s"] = round(time.monotonic() - t0, 1)
+    if parity_wanted:
+        merged["parity"] = compare_parity(pdocs)
+        # per op and torch, without the per-sample details (those stay in the build dir's parity-<torch>.json)
+        merged["parity"]["ops"] = {r: {op: {k: v for k, v in rec.items() if k != "samples"}
+                                       for op, rec in d["ops"].items()} for r, d in pdocs.items()}
+    if args.parity_only:
+        reasons = parity_strict_failures(merged["parity"]) if args.strict else None
+    else:
+        reasons = strict_failures(merged) if args.strict else None
+    if args.strict and "built" not in roles:
         reasons = (reasons or []) + ["--strict needs the built torch"]
     merged["strict"] = {"requested": args.strict, "failures": reasons or []}
 
-    out_dir = (REPO_ROOT / args.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "audit.json").write_text(json.dumps(merged, indent=1, sort_keys=False) + "\n")
-    (out_dir / "audit.md").write_text(render(merged, md=True, top=min(args.top, 10), strict_reasons=None))
-    print(render(merged, md=False, top=args.top, strict_reasons=reasons))
+    if "results" in merged:
+        (out_dir / "audit.md").write_text(render(merged, md=True, top=min(args.top, 10), strict_reasons=None))
+        text = render(merged, md=False, top=args.top, strict_reasons=reasons)
+    else:
+        # --parity-only with no earlier contract report: the parity section alone
+        (out_dir / "audit.md").write_text("## DTensor audit (`python -m tools.audit --parity-only`)\n\n"
+                                          + render_parity(merged["parity"], True, min(args.top, 10)) + "\n")
+        text = render_parity(merged["parity"], False, args.top) + "\n"
+        if reasons is not None:
+            text += "\n== Strict ==\n" + ("FAIL: " + "; ".join(reasons) if reasons else "PASS") + "\n"
+    print(text)
     print(f"wrote {out_dir / 'audit.json'} and {out_dir / 'audit.md'} "
           f"({merged['timing']['orchestrator_wall_s']}s)")
     if args.strict and reasons:

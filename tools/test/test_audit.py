@@ -330,6 +330,252 @@ class TestStrictRule(TestCase):
         self.assertEqual([m["key"] for m in sel["mismatches"]][:2], ["a|4|R", "b|4|R"])
 
 
+def _orchestrator():
+    import importlib
+
+    return importlib.import_module("tools.audit.__main__")
+
+
+def _parity_op(outcome, seconds, message="", type_=None):
+    """One op's record as tools/audit/parity.py writes it."""
+    rec = {"outcome": outcome, "dtensor_s": seconds, "samples": []}
+    if message:
+        rec["message"] = message
+    if type_:
+        rec["type"] = type_
+    return rec
+
+
+def _parity_doc(role, ops):
+    counts = {k: sum(1 for r in ops.values() if r["outcome"] == k) for k in ("same", "wrong", "raised", "skipped")}
+    return {"torch": role, "config": {"max_samples": 3, "meshes": "4", "op_timeout": 120.0, "ops": None},
+            "counts": counts, "ops": {k: dict(v, op=k) for k, v in ops.items()},
+            "timing": {"total_s": 1.0, "dtensor_s": 1.0, "wall_s": 2.0}}
+
+
+# (stock, built) per op: every kind of change the comparison knows, and the time rules.
+PARITY_STOCK = {
+    "same_to_wrong": _parity_op("same", 0.01),
+    "same_to_raised": _parity_op("same", 0.01),
+    "wrong_to_raised": _parity_op("wrong", 0.01, "w"),
+    "raised_to_same": _parity_op("raised", 0.01, "no strategy", "NotImplementedError"),
+    "wrong_to_same": _parity_op("wrong", 0.01, "w"),
+    "raised_to_wrong": _parity_op("raised", 0.01, "no strategy", "NotImplementedError"),
+    "raised_other_message": _parity_op("raised", 0.01, "A", "RuntimeError"),
+    "unchanged": _parity_op("raised", 0.01, "A", "RuntimeError"),
+    "skipped_to_raised": _parity_op("skipped", 0.01, "nondeterministic"),
+    "slow_2x": _parity_op("same", 0.3),        # 0.6s built: listed, not strict
+    "slow_3_5x": _parity_op("same", 0.2),      # 0.7s built: strict
+    "tiny_4x": _parity_op("same", 0.1),        # 0.4s built: under the floor, noise
+    "floor_by_stock": _parity_op("same", 0.5),  # 0.8s built: 1.6x, listed
+    "strict_below_floor": _parity_op("same", 0.12),  # 0.48s built, 4x: listed? no (both < 0.5)
+    "faster": _parity_op("same", 2.0),
+}
+PARITY_BUILT = {
+    "same_to_wrong": _parity_op("wrong", 0.01, "add sample 1 mesh 4: output 0: not close"),
+    "same_to_raised": _parity_op("raised", 0.01, "x sample 0 mesh 4: Timeout", "Timeout"),
+    "wrong_to_raised": _parity_op("raised", 0.01, "boom", "RuntimeError"),
+    "raised_to_same": _parity_op("same", 0.01),
+    "wrong_to_same": _parity_op("same", 0.01),
+    "raised_to_wrong": _parity_op("wrong", 0.01, "w"),
+    "raised_other_message": _parity_op("raised", 0.01, "B", "RuntimeError"),
+    "unchanged": _parity_op("raised", 0.01, "A", "RuntimeError"),
+    "skipped_to_raised": _parity_op("raised", 0.01, "bad", "RuntimeError"),
+    "slow_2x": _parity_op("same", 0.6),
+    "slow_3_5x": _parity_op("same", 0.7),
+    "tiny_4x": _parity_op("same", 0.4),
+    "floor_by_stock": _parity_op("same", 0.8),
+    "strict_below_floor": _parity_op("same", 0.48),
+    "faster": _parity_op("same", 0.5),
+}
+
+
+class TestParityComparison(TestCase):
+    def compared(self, stock=PARITY_STOCK, built=PARITY_BUILT):
+        return _orchestrator().compare_parity({"stock": _parity_doc("stock", stock),
+                                               "built": _parity_doc("built", built)})
+
+    def test_outcome_changes_classified(self):
+        p = self.compared()
+        self.assertEqual(p["compared"], len(PARITY_STOCK))
+        self.assertEqual(sorted(e["op"] for e in p["worse"]),
+                         ["same_to_raised", "same_to_wrong", "skipped_to_raised", "wrong_to_raised"])
+        self.assertEqual(sorted(e["op"] for e in p["newly_works"]), ["raised_to_same", "wrong_to_same"])
+        self.assertEqual([e["op"] for e in p["better"]], ["raised_to_wrong"])
+        self.assertEqual([e["op"] for e in p["notes"]], ["raised_other_message"])
+        worse = {e["op"]: e for e in p["worse"]}
+        self.assertEqual((worse["same_to_raised"]["stock"], worse["same_to_raised"]["built"]),
+                         ("same", "raised: Timeout"))
+        self.assertEqual(worse["same_to_wrong"]["built_message"], "add sample 1 mesh 4: output 0: not close")
+
+    def test_slower_uses_ratio_and_floor(self):
+        p = self.compared()
+        slower = {e["op"]: e for e in p["slower"]}
+        # tiny_4x and strict_below_floor: 4x, but both times under 0.5s
+        self.assertEqual(sorted(slower), ["floor_by_stock", "slow_2x", "slow_3_5x"])
+        self.assertEqual(slower["slow_3_5x"]["ratio"], 3.5)
+        self.assertEqual([e["op"] for e in p["slower"]], ["slow_3_5x", "slow_2x", "floor_by_stock"])
+        orch = _orchestrator()
+        self.assertEqual([e["op"] for e in orch.parity_strict_slower(p)], ["slow_3_5x"])
+        self.assertEqual(p["totals"]["strict_slower"], 1)
+        # the strict floor is on the built time: 3.5x of a 0.1s stock run (0.35s) does not fail
+        q = self.compared({"x": _parity_op("same", 0.1)}, {"x": _parity_op("same", 0.55)})
+        self.assertEqual([e["op"] for e in orch.parity_strict_slower(q)], ["x"])
+        q = self.compared({"x": _parity_op("same", 0.5)}, {"x": _parity_op("same", 0.45)})
+        self.assertEqual(q["slower"], [])
+
+    def test_strict_fails_on_worse_and_on_3x(self):
+        orch = _orchestrator()
+        reasons = orch.parity_strict_failures(self.compared())
+        self.assertEqual(len(reasons), 2)
+        self.assertIn("4 ops got worse", reasons[0])
+        self.assertIn("same_to_wrong", reasons[0])
+        self.assertIn("slow_3_5x 3.5x", reasons[1])
+        # only improvements, notes and sub-3x slowdowns: passes
+        ok = ("raised_to_same", "raised_other_message", "slow_2x", "tiny_4x", "floor_by_stock", "unchanged")
+        p = self.compared({k: PARITY_STOCK[k] for k in ok}, {k: PARITY_BUILT[k] for k in ok})
+        self.assertEqual(orch.parity_strict_failures(p), [])
+        # the full --strict rule includes parity next to the contract
+        merged = {"results": [], "skips": [], "selections": {"mismatches": []}, "parity": self.compared()}
+        self.assertEqual(len(orch.strict_failures(merged)), 2)
+        del merged["parity"]
+        self.assertEqual(orch.strict_failures(merged), [])
+
+    def test_retime_keeps_fastest_and_drops_noise(self):
+        """Ops flagged slower are measured again; each side keeps its fastest time."""
+        orch = _orchestrator()
+        stock = {"noisy": _parity_op("same", 0.2), "real": _parity_op("same", 0.2), "bad": _parity_op("same", 0.2)}
+        built = {"noisy": _parity_op("same", 1.0), "real": _parity_op("same", 1.0),
+                 "bad": _parity_op("raised", 9.0, "b", "Timeout")}
+        pdocs = {"stock": _parity_doc("stock", stock), "built": _parity_doc("built", built)}
+        second = {"stock": {"noisy": 0.25, "real": 0.3}, "built": {"noisy": 0.21, "real": 0.95}}
+        asked = []
+
+        def fake_run(args, roles, build_dir, kind, prefix):
+            asked.append((args.ops, kind, prefix))
+            return {r: {"ops": {op: {"dtensor_s": t} for op, t in second[r].items()}} for r in roles}
+
+        args = argparse.Namespace(ops=None, parity_retime=1)
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(orch, "run_workers", fake_run):
+            p = orch.retime_parity(args, ["stock", "built"], Path(tmp), pdocs)
+            written = json.loads((Path(tmp) / "parity-built.json").read_text())
+        # the worse op is not re-run (it may hang); the two slow ones are
+        self.assertEqual(asked, [("noisy,real", "parity", "parity-retime1-")])
+        self.assertEqual(pdocs["built"]["ops"]["noisy"]["timings_s"], [1.0, 0.21])
+        self.assertEqual(pdocs["built"]["ops"]["noisy"]["dtensor_s"], 0.21)
+        self.assertEqual(written["ops"]["real"]["dtensor_s"], 0.95)
+        self.assertEqual(sorted(e["op"] for e in p["slower"]), ["bad", "real"])
+        self.assertEqual(p["config"]["retime"], 1)
+
+    def test_report_section(self):
+        md = _orchestrator().render_parity(self.compared(), md=True, top=10)
+        self.assertIn("### Runtime parity", md)
+        self.assertIn("| stock | 15 | 8 | 2 | 4 | 1 | 1.0 | 2.0 | - |", md)
+        self.assertIn("| built | 15 | 8 | 2 | 5 | 0 |", md)
+        self.assertIn("`add sample 1 mesh 4: output 0: not close`", md)
+        self.assertIn("| slow_3_5x | 0.2 | 0.7 | 3.5 |", md)
+        self.assertIn("Improvements: newly work (2) and better (1)", md)
+
+
+class TestParityWorker(TestCase):
+    """The parity worker's pieces on the running torch, in this process."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        from torch.distributed.device_mesh import DeviceMesh
+
+        cls.own_pg = not dist.is_initialized()
+        if cls.own_pg:
+            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+        cls.mesh = DeviceMesh("cpu", torch.arange(4))
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.own_pg and dist.is_initialized():
+            dist.destroy_process_group()
+        super().tearDownClass()
+
+    def sample(self, fn, *inputs, timeout=30.0):
+        from torch.testing._internal.opinfo.core import SampleInput
+
+        from tools.audit import parity
+
+        deadline = parity.Deadline(timeout)
+        return parity.run_sample(fn, "myop", 2, SampleInput(inputs[0], args=inputs[1:]), "4", self.mesh, (4,),
+                                 deadline, (1e-5, 1e-5))
+
+    def test_placements(self):
+        from torch.distributed.tensor import Replicate as R, Shard as S
+
+        from tools.audit.parity import placements_for
+
+        self.assertEqual(placements_for((8, 6), (4,)), [S(0)])
+        self.assertEqual(placements_for((5, 7), (4,)), [S(1)])  # 5 over 4 leaves a rank empty
+        self.assertEqual(placements_for((5, 6), (2, 2)), [S(0), S(1)])
+        self.assertEqual(placements_for((8,), (2, 2)), [S(0), S(0)])
+        self.assertEqual(placements_for((3,), (4,)), [R()])
+        self.assertEqual(placements_for((), (4,)), [R()])
+
+    def test_same_wrong_raised_nondeterministic(self):
+        x, y = torch.randn(8, 3), torch.randn(8, 3)
+        rec = self.sample(torch.add, x, y)
+        self.assertEqual(rec["outcome"], "same", rec)
+        self.assertEqual(rec["inputs"], "S0,S0")
+        self.assertGreater(rec["dtensor_s"], 0)
+
+        def local_only(t):  # on a DTensor: each rank's shard, not the whole
+            return t.to_local() if isinstance(t, DTensor) else t
+
+        rec = self.sample(local_only, x)
+        self.assertEqual(rec["outcome"], "wrong", rec)
+        self.assertTrue(rec["message"].startswith("myop sample 2 mesh 4 (S0): output 0 rank 0:"), rec)
+
+        def refuse(t):
+            if isinstance(t, DTensor):
+                raise ValueError("planted refusal\nsecond line dropped")
+            return t
+
+        rec = self.sample(refuse, x)
+        self.assertEqual((rec["outcome"], rec["type"]), ("raised", "ValueError"))
+        self.assertEqual(rec["message"], "myop sample 2 mesh 4: ValueError: planted refusal")
+        self.assertIn("refuse", rec["where"])
+
+        rec = self.sample(lambda t: torch.rand_like(t) + t, x)
+        self.assertEqual(rec["outcome"], "skipped", rec)
+        self.assertIn("nondeterministic", rec["message"])
+
+    def test_hang_recorded_as_timeout(self):
+        import time
+
+        give_up = time.monotonic() + 20  # a broken time limit fails the test instead of hanging it
+
+        def spin(t):
+            while isinstance(t, DTensor) and time.monotonic() < give_up:
+                pass
+            return t
+
+        rec = self.sample(spin, torch.randn(8), timeout=0.3)
+        self.assertEqual((rec["outcome"], rec["type"]), ("raised", "Timeout"))
+        self.assertIn("in spin", rec["where"])
+        self.assertIn("myop sample 2 mesh 4: Timeout", rec["message"])
+        self.assertLess(rec["dtensor_s"], 10)
+
+    def test_aggregate_worst_sample_wins(self):
+        from tools.audit.parity import aggregate
+
+        def s(i, outcome, **kw):
+            return {"sample": i, "mesh": "4", "outcome": outcome, "message": f"m{i}", "dtensor_s": 0.5, **kw}
+
+        rec = aggregate("op", [s(0, "same"), s(1, "wrong"), s(2, "raised", type="E"), s(3, "raised", type="F")])
+        self.assertEqual((rec["outcome"], rec["message"], rec["sample"], rec["type"]), ("raised", "m2", "2@4", "E"))
+        self.assertEqual(rec["dtensor_s"], 2.0)
+        self.assertEqual(len(rec["samples"]), 4)
+        self.assertEqual(aggregate("op", [s(0, "skipped"), s(1, "same")])["outcome"], "same")
+        self.assertEqual(aggregate("op", [s(0, "skipped"), s(1, "skipped")])["outcome"], "skipped")
+        self.assertEqual(aggregate("op", [], "no float32 on cpu")["message"], "no float32 on cpu")
+
+
 def _run(cmd, **kw):
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, **kw)
 
@@ -385,6 +631,45 @@ class TestAuditSubprocess(TestCase):
         self.assertIsInstance(doc["skips"], list)
         self.assertTrue(doc["strict"]["failures"])
         self.assertIn("| runtime | 4 | built |", md)
+
+    def test_parity_run_on_this_torch(self):
+        """A tiny real parity sweep of three OpInfos on the running interpreter."""
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "p.json"
+            proc = _run([sys.executable, "-m", "tools.audit.parity", "--role", "built", "--out", str(out),
+                         "--ops", "add,mm,nn.functional.relu", "--max-samples", "2"])
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            self.assertIn("[audit built] parity 3/3", proc.stderr)
+            doc = json.loads(out.read_text())
+        self.assertEqual(sorted(doc["ops"]), ["add", "mm", "nn.functional.relu"])
+        self.assertEqual(doc["counts"], {"same": 3, "wrong": 0, "raised": 0, "skipped": 0})
+        for name, rec in doc["ops"].items():
+            self.assertEqual(rec["outcome"], "same", rec)
+            self.assertEqual(len(rec["samples"]), 2)
+            self.assertGreater(rec["dtensor_s"], 0)
+            # the samples picked first are the ones that get sharded
+            self.assertTrue(any("S" in s["inputs"] for s in rec["samples"]), rec["samples"])
+
+    def test_parity_strict_from_worker_json(self):
+        """--parity-only --strict fails on a worse outcome, passes once it is gone, and reports it."""
+        with tempfile.TemporaryDirectory() as tmp:
+            stock = {"add": _parity_op("same", 0.01), "mm": _parity_op("same", 0.01)}
+            built = {"add": _parity_op("same", 0.01),
+                     "mm": _parity_op("raised", 0.01, "mm sample 0 mesh 4: RuntimeError: boom", "RuntimeError")}
+            for role, ops in (("stock", stock), ("built", built)):
+                (Path(tmp) / f"parity-{role}.json").write_text(json.dumps(_parity_doc(role, ops)))
+            cmd = [sys.executable, "-m", "tools.audit", "--parity-only", "--from-json", "--strict",
+                   "--build-dir", tmp, "--out-dir", tmp]
+            proc = _run(cmd)
+            self.assertEqual(proc.returncode, 1, proc.stdout[-3000:] + proc.stderr[-3000:])
+            self.assertIn("FAIL: runtime parity: 1 ops got worse than stock (mm)", proc.stdout)
+            doc = json.loads((Path(tmp) / "audit.json").read_text())
+            self.assertEqual([e["op"] for e in doc["parity"]["worse"]], ["mm"])
+            self.assertIn("### Runtime parity", (Path(tmp) / "audit.md").read_text())
+            (Path(tmp) / "parity-built.json").write_text(json.dumps(_parity_doc("built", stock)))
+            proc = _run(cmd)
+            self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+            self.assertIn("PASS", proc.stdout)
 
 
 if __name__ == "__main__":
