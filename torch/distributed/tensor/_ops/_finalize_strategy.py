@@ -13,9 +13,11 @@ planners alike) reads specs satisfying the contract in
 a mesh mismatch) is a bug in the strategy and raises :class:`StrategyContractError`.
 """
 
+import contextlib
+import contextvars
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch._ops import OpOverload
@@ -40,6 +42,9 @@ from torch.utils import _pytree as pytree
 
 __all__ = [
     "FinalizedStrategyFunc",
+    "answering",
+    "build_output_specs",
+    "metas_for_builder",
     "StrategyContractError",
     "finalize_strategy",
     "output_metas_for",
@@ -183,6 +188,99 @@ def resolve_output_metas(op_schema: OpSchema, metas: object = None) -> OutputMet
     return output_metas_for(op_schema)
 
 
+def _is_element_schema(op_schema: OpSchema) -> bool:
+    """A foreach-like op's per-element schema: the op takes tensor lists, the schema none."""
+    takes_lists = any(
+        str(arg.type).startswith("List[") and "Tensor" in str(arg.type)
+        for arg in op_schema.op._schema.arguments
+    )
+    return takes_lists and not any(
+        isinstance(arg, (TupleStrategy, list, tuple))
+        for arg in (*op_schema.args_schema, *op_schema.kwargs_schema.values())
+    )
+
+
+# The output metas of the query being answered, for the spec builders a strategy
+# function calls (``expand_to_full_mesh_op_strategy``): shape inference runs once
+# per query, before the strategy function, and every spec is built with its result.
+_query_metas: contextvars.ContextVar[tuple[OpSchema, OutputMetas] | None] = (
+    contextvars.ContextVar("_query_metas", default=None)
+)
+
+
+@contextlib.contextmanager
+def answering(op_schema: OpSchema, metas: OutputMetas) -> Iterator[None]:
+    """Make ``metas`` the output metas of ``op_schema`` for the spec builders."""
+    token = _query_metas.set((op_schema, metas))
+    try:
+        yield
+    finally:
+        _query_metas.reset(token)
+
+
+_UNKNOWN: Any = object()
+
+
+def metas_for_builder(op_schema: OpSchema, given: object) -> OutputMetas:
+    """The output metas a spec builder attaches for ``op_schema``.
+
+    ``given`` is what its caller passed (``output_tensor_meta``). Without it, the
+    metas of the query being answered are used when the builder is called for that
+    query's schema; otherwise (a planner's or a downstream rule's own call) shape
+    inference runs, cached. Returns ``_UNKNOWN`` when the op's results depend on
+    the data (the specs then carry no output meta, as before).
+    """
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+
+    if given is None:
+        current = _query_metas.get()
+        if current is not None and current[0] is op_schema:
+            return current[1]
+    if _is_element_schema(op_schema):
+        # The op cannot run on one element: only its caller knows the element's result.
+        return _UNKNOWN if given is None else given  # type: ignore[return-value]
+    try:
+        return resolve_output_metas(op_schema, given)
+    except (DynamicOutputShapeException, DataDependentOutputException):
+        return _UNKNOWN
+
+
+def build_output_specs(
+    specs: Sequence[DTensorSpec | None], metas: OutputMetas
+) -> DTensorSpec | tuple[DTensorSpec | None, ...] | None:
+    """A rule's output specs (placements only), completed with the op's results.
+
+    One ``DTensorSpec`` for a single-tensor op, a tuple with one entry per return
+    otherwise, ``None`` at every position whose result is ``None`` whatever
+    placement the rule gave, and ``None`` for an op without tensor results.
+    """
+
+    def with_meta(spec: DTensorSpec | None, meta: object) -> DTensorSpec | None:
+        if meta is None:
+            return None  # the op returns None here
+        if spec is None or not isinstance(meta, TensorMeta):
+            return spec  # does not line up: the finalizer reports it
+        return DTensorSpec(
+            spec.mesh,
+            spec.placements,
+            tensor_meta=meta,
+            use_strided_shard_as_shard_order=spec.use_strided_shard_as_shard_order,
+        )
+
+    if metas is None or not specs:
+        return None
+    if isinstance(metas, TensorMeta) and len(specs) == 1:
+        return with_meta(specs[0], metas)
+    if isinstance(metas, (list, tuple)) and not isinstance(metas, TensorMeta) and len(metas) == len(specs):
+        return tuple(with_meta(spec, meta) for spec, meta in zip(specs, metas))
+    # Unknown (data-dependent) results, or a rule whose outputs do not line up with
+    # the op's returns: placements only, as the rule gave them.
+    return specs[0] if len(specs) == 1 else tuple(specs)
+
+
 def _out_tensor_positions(op_schema: OpSchema) -> list[int]:
     """Positions of ``out=`` tensors among the op's flattened tensor inputs."""
     out_names = {a.name for a in op_schema.op._schema.arguments if a.is_out}
@@ -222,6 +320,49 @@ def _output_with_meta(spec: DTensorSpec, meta: TensorMeta) -> DTensorSpec:
     # Always a fresh spec: strategies may hand out an input's spec as the output
     # (the runtime input DTensor's own), which the output must not share.
     return spec.shallow_copy_with_tensor_meta(meta)
+
+
+def _is_complete(spec: OpSpec, inputs: list[OpStrategy], metas: OutputMetas) -> bool:
+    """Whether ``spec`` was built complete (by ``expand_to_full_mesh_op_strategy``).
+
+    Checked by identity, which is cheap: the builder attaches the very meta objects
+    the finalizer is given. Anything else takes the full path.
+    """
+    input_specs, costs = spec.input_specs, spec.redistribute_cost
+    if (
+        input_specs is None
+        or costs is None
+        or len(input_specs) != len(inputs)
+        or len(costs) != len(inputs)
+    ):
+        return False
+    for s, row, inp in zip(input_specs, costs, inputs):
+        if not isinstance(s, DTensorSpec) or s.tensor_meta is not inp.strategies[
+            0
+        ].output_spec.tensor_meta or len(
+            row
+        ) != len(inp.strategies):
+            return False
+    out = spec.output_specs
+    if metas is None or isinstance(metas, TensorMeta):
+        pairs: Sequence[tuple[object, object]] = [(out, metas)]
+    elif isinstance(out, tuple) and len(out) == len(metas):
+        pairs = list(zip(out, metas))
+    else:
+        return False
+    mesh = input_specs[0].mesh if input_specs else None
+    for o, m in pairs:
+        if m is None:
+            if o is not None:
+                return False
+        elif (
+            not isinstance(o, DTensorSpec)
+            or o.tensor_meta is not m
+            or any(o is s for s in input_specs)
+            or (mesh is not None and o.mesh != mesh)
+        ):
+            return False
+    return True
 
 
 class _Finalizer:
@@ -356,6 +497,9 @@ class _Finalizer:
     ) -> OpStrategy:
         finalized: list[OpSpec] = []
         for index, spec in enumerate(strategy.strategies):
+            if _is_complete(spec, inputs, metas):
+                finalized.append(spec)
+                continue
             input_specs = self.inputs(index, spec, inputs)
             output_specs = self.outputs(index, spec.output_specs, metas)
             self.check_mesh(index, output_specs, input_specs)
@@ -463,13 +607,10 @@ class FinalizedStrategyFunc:
     def __call__(
         self, op_schema: OpSchema, output_metas: OutputMetas = None
     ) -> StrategyType:
-        strategy = self.func(op_schema)
-        return finalize_strategy(
-            op_schema,
-            strategy,
-            resolve_output_metas(op_schema, output_metas),
-            strategy_name(self.func),
-        )
+        metas = resolve_output_metas(op_schema, output_metas)
+        with answering(op_schema, metas):
+            strategy = self.func(op_schema)
+        return finalize_strategy(op_schema, strategy, metas, strategy_name(self.func))
 
     def __repr__(self) -> str:
         return f"FinalizedStrategyFunc({self.func!r})"

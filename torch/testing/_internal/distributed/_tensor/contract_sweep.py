@@ -86,10 +86,11 @@ __all__ = [
     "select_calls",
     "strategy_registry",
     "strategy_schema",
+    "utility_strategy",
 ]
 
 REGISTRIES = ("single_dim", "op_strategy", "decomposition")
-MODES = ("runtime", "planner")
+MODES = ("runtime", "planner", "utility")
 
 # Ops (``str(OpOverload)``) whose queries say nothing about the contract, each
 # with why. They are still queried and reported; an entry never excuses a
@@ -436,6 +437,42 @@ def query_strategy(
             op_schema if runtime is None else runtime
         )
     raise ValueError(f"DTensor has no sharding strategy for {op}")
+
+
+def utility_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> OpStrategy | None:
+    """``op``'s single-dim rules expanded the way a downstream rule author does.
+
+    The rules DTensor registers for ``op`` (``None`` if it has none, or if the
+    schema holds tensor lists, which an author expands per element), with every
+    ``_ShardingPlaceholder`` resolved to ``Shard`` and the all-Replicate rule
+    added, handed to ``expand_to_full_mesh_op_strategy`` with no output metas:
+    whatever the result lacks, the utility left out.
+    """
+    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+    from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+    op = op_schema.op
+    info = _sharding_propagator().op_single_dim_strategy_funcs.get(op)
+    args = (*op_schema.args_schema, *op_schema.kwargs_schema.values())
+    if info is None or any(isinstance(x, (TupleStrategy, list, tuple)) for x in args):
+        return None
+    n_inputs = sum(isinstance(x, OpStrategy) for x in args)
+    n_outputs = sum("Tensor" in str(r.type) for r in op._schema.returns)
+    rules = [
+        [Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
+        for rule in info.func(op, op_schema.args_meta, op_schema.kwargs_meta)
+    ]
+    replicate: list[Placement | None] = [Replicate()] * (n_outputs + n_inputs)
+    if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in rules):
+        rules.append(replicate)
+    return expand_to_full_mesh_op_strategy(
+        mesh,
+        op_schema,
+        rules,  # type: ignore[arg-type]
+        input_index=n_outputs,
+        inplace_op=op.name().split("::")[-1].split(".")[0].endswith("_"),
+        allow_uneven_sharding=info.allow_uneven_sharding,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -864,7 +901,8 @@ class RegistrySweep:
         report = SweepReport(tuple(mesh.shape), mode)
         for op, calls in self.calls.items():
             registry = strategy_registry(op)
-            if registry is None:
+            if registry is None or (mode == "utility" and registry != "single_dim"):
+                # utility mode: only single-dim rules are expanded by their authors
                 continue
             op_report = report.ops.setdefault(str(op), OpReport(str(op), registry))
             for call in calls:
@@ -876,11 +914,11 @@ class RegistrySweep:
                 except Exception as e:
                     op_report.uninferable.setdefault(_short(e), str(call))
                     continue
-                if mode == "planner":
+                if mode in ("planner", "utility"):
                     schema = strategy_schema(
                         mesh, op, call.args, call.kwargs, self.candidates
                     )
-                    self._judge(op_report, call, "planner", mesh, schema, None, metas)
+                    self._judge(op_report, call, mode, mesh, schema, None, metas)
                     continue
                 for label, placements in self.runtime_placements(mesh, call):
                     runtime = runtime_schema(
@@ -903,7 +941,10 @@ class RegistrySweep:
         where = f"{label}: {call} [{call.source}]"
         op_report.queries += 1
         try:
-            strategy = query_strategy(schema, mesh, runtime)
+            if label == "utility":
+                strategy = utility_strategy(schema, mesh)
+            else:
+                strategy = query_strategy(schema, mesh, runtime)
         except Exception as e:
             reason = None if runtime is None else runtime_refusal(e)
             if reason is None:
