@@ -36,7 +36,7 @@ test: build
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(TEST_DIRS)
 
 audit: build
-	$(VENV)/bin/python -m tools.audit --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python $(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)")
+	$(VENV)/bin/python -m tools.audit --parity --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python $(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)")
 
 bench: build
 	$(VENV)/bin/python -m tools.bench --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python $(if $(STRICT),--strict) $(if $(BENCH),--bench "$(BENCH)") $(if $(REPEATS),--repeats $(REPEATS)) $(if $(QUICK),--quick)
