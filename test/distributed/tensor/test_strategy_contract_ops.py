@@ -37,6 +37,7 @@ from torch.distributed.tensor._op_schema import (
 )
 from torch.distributed.tensor._ops._finalize_strategy import StrategyContractError
 from torch.distributed.tensor.placement_types import (
+    _StridedShard,
     Placement,
     Replicate,
     Shard,
@@ -682,7 +683,9 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
 
     @parametrize(
         "case",
-        [("view", shape) for shape in MESHES] + [("unbind", shape) for shape in MESHES],
+        [("view", shape) for shape in MESHES]
+        + [("view_strided", shape) for shape in MESHES[1:]]
+        + [("unbind", shape) for shape in MESHES],
         name_fn=lambda case: f"{case[0]}_{mesh_name(case[1])}",
     )
     def test_planner_query_with_unusable_candidates(self, case) -> None:
@@ -693,6 +696,16 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         if name == "view":
             op, args = aten.view.default, (y, [4, 48])
             candidates = planner_candidates  # all of them, uneven ones included
+        elif name == "view_strided":
+            # merging dims 0 and 1 of a _StridedShard(1) input: the view rule raises
+            # KeyError for that candidate (stock too), which must only drop out
+            op, args = aten.view.default, (torch.randn(4, 16, 4, 16), [64, 64])
+            candidates = lambda mesh, meta: [  # noqa: E731
+                (Replicate(),) * mesh.ndim,
+                (Shard(0),) + (Replicate(),) * (mesh.ndim - 1),
+                (Replicate(), _StridedShard(1, split_factor=2))
+                + (Replicate(),) * (mesh.ndim - 2),
+            ]
         else:
             op, args = aten.unbind.int, (y, 1)
             candidates = lambda mesh, meta: [  # noqa: E731

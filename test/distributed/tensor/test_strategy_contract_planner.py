@@ -7,7 +7,10 @@ The test traces a small model's forward and backward into an aten graph and walk
 it in topological order, as an auto-sharding planner does: every tensor carries a
 set of candidate placements, each op is asked for its strategies given its inputs'
 candidates, and the strategies' output specs become the candidates of the op's
-result. Nothing is post-processed: every strategy must satisfy the contract C1-C5
+result. The planner asks DTensor through its one entry point,
+``ShardingPropagator.get_op_strategy``, and expands its own single-dim rules (for
+an op DTensor cannot answer) with ``expand_to_full_mesh_op_strategy``, passing no
+output metas. Nothing is post-processed: every strategy must satisfy the contract C1-C5
 as returned, its output metas must be the traced ones, and its redistribute costs,
 indexed by the producers' candidates, must let the planner pick a complete plan.
 """
@@ -25,7 +28,6 @@ import torch.nn.functional as F
 from torch._ops import OpOverload
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._decompositions import DecompShardingStrategy
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
     OpSchema,
@@ -34,15 +36,14 @@ from torch.distributed.tensor._op_schema import (
     StrategyType,
     TupleStrategy,
 )
-from torch.distributed.tensor._ops.single_dim_strategy import (
-    _expand_single_dim_strategy_to_mesh,
-)
 from torch.distributed.tensor._ops.strategy_contract import (
     infer_output_metas,
     OutputMetas,
 )
-from torch.distributed.tensor._ops.utils import generate_redistribute_costs
-from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.distributed.tensor._ops.utils import (
+    expand_to_full_mesh_op_strategy,
+    generate_redistribute_costs,
+)
 from torch.distributed.tensor.placement_types import (
     Partial,
     Placement,
@@ -59,6 +60,7 @@ from torch.testing._internal.distributed._tensor.contract_common import (
     meta_of,
     op_strategy,
     planner_candidates,
+    strategy_registry,
     StrategyContractTestBase,
 )
 from torch.utils import _pytree as pytree
@@ -69,15 +71,13 @@ aten = torch.ops.aten
 # Candidate placements carried per tensor, at most; keeps queries small.
 CANDIDATE_CAP = 12
 
-# aten ops of the traced graphs that DTensor cannot answer. The planner does not
-# query them (the walk checks that DTensor still declines): their inputs are
-# replicated and their results are replicated.
-NOT_QUERIED: dict[OpOverload, str] = {
-    aten.hardswish_backward.default: (
-        "no registered strategy and its decomposition does not trace on DTensor "
-        "specs (decomposition path returns None; eager raises NotImplementedError, "
-        "on stock torch too)"
-    ),
+# aten ops of the traced graphs that DTensor cannot answer (no registered strategy,
+# and the decomposition does not trace on DTensor specs; eager raises
+# NotImplementedError, on stock torch too). The planner brings its own single-dim
+# rules for them and expands them with expand_to_full_mesh_op_strategy, as a
+# downstream rule author does: what comes back must satisfy the contract as well.
+PLANNER_RULES: dict[OpOverload, str] = {
+    aten.hardswish_backward.default: "pointwise",
 }
 
 
@@ -115,26 +115,13 @@ def is_meta(x: object) -> bool:
     return isinstance(x, TensorMeta)
 
 
-def query_strategy(
-    propagator: ShardingPropagator, mesh: DeviceMesh, schema: OpSchema
-) -> tuple[str, StrategyType | None]:
-    """(registry, strategy) for a strategy schema, asked as DTensor's runtime asks.
-
-    Single-dim strategies first, then registered op strategies, then the
-    decomposition-derived strategy; output metas are left to the machinery.
-    """
-    op = schema.op
-    info = propagator.op_single_dim_strategy_funcs.get(op)
-    if info is not None:
-        expand = _expand_single_dim_strategy_to_mesh(mesh, schema, info, None)
-        return "single_dim", expand(op, schema.args_meta, schema.kwargs_meta)
-    func = propagator.op_strategy_funcs.get(op)
-    if func is not None:
-        return "op_strategy", func(schema)
-    if DecompShardingStrategy.has_decomp(op):
-        propagator.decomp_strategy.ensure_schema_info(op)
-        return "decomposition", propagator.decomp_strategy.propagate_strategy(schema)
-    return "none", None
+def pointwise_rules(schema: OpSchema) -> list[list[Placement | None]]:
+    """The planner's own single-dim rules for a pointwise op of same-shaped inputs."""
+    n_inputs = sum(isinstance(a, OpStrategy) for a in schema.args_schema)
+    ndim = len(schema.args_schema[0].shape)
+    rules: list[list[Placement | None]] = [[Shard(d)] * (1 + n_inputs) for d in range(ndim)]
+    rules.append([Replicate()] * (1 + n_inputs))
+    return rules
 
 
 @dataclass
@@ -149,7 +136,6 @@ class Produced:
 @dataclass
 class WalkReport:
     registries: Counter[str] = field(default_factory=Counter)
-    not_queried: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     plan_cost: float = 0.0
     queried_nodes: int = 0
@@ -242,18 +228,6 @@ class PlannerWalk:
             n = len(metas)
             self.produced[node] = Produced([[self.replicate]] * n, [self.replicate] * n)
 
-    def chosen_cost_to(self, node: torch.fx.Node, target: tuple[Placement, ...]) -> float:
-        """Cost of moving every tensor input from its chosen placement to ``target``."""
-        total = 0.0
-        for producer in self.tensor_input_nodes(node):
-            strategy = self.input_strategy(producer)
-            spec = DTensorSpec(
-                self.mesh, target, tensor_meta=strategy.strategies[0].output_spec.tensor_meta
-            )
-            costs = generate_redistribute_costs(strategy, spec)
-            total += costs[self.chosen_index(producer)]
-        return total
-
     def chosen_index(self, producer: torch.fx.Node) -> int:
         produced = self.produced[producer]
         return produced.candidates[0].index(produced.chosen[0])
@@ -261,23 +235,19 @@ class PlannerWalk:
     def visit_op(self, node: torch.fx.Node) -> None:
         op = node.target
         schema = self.schema_for(node)
-        if op in NOT_QUERIED:
-            _, strategy = query_strategy(self.propagator, self.mesh, schema)
-            self.test.assertIsNone(
-                strategy,
-                f"DTensor now answers {op}: drop it from NOT_QUERIED and query it",
+        if op in PLANNER_RULES:
+            with self.test.assertRaisesRegex(NotImplementedError, str(op)):
+                self.propagator.get_op_strategy(schema)
+            registry = "planner rules"
+            strategy = expand_to_full_mesh_op_strategy(
+                self.mesh, schema, pointwise_rules(schema), input_index=1
             )
-            self.report.not_queried.append(node.name)
-            self.report.plan_cost += self.chosen_cost_to(node, self.replicate)
-            self.replicated_result(node)
-            return
-
-        registry, strategy = query_strategy(self.propagator, self.mesh, schema)
+        else:
+            # The one entry point: whichever registry holds the op answers.
+            registry = strategy_registry(op)
+            strategy = self.propagator.get_op_strategy(schema)
         self.report.registries[registry] += 1
         self.report.queried_nodes += 1
-        self.test.assertIsNotNone(
-            strategy, f"{registry} returned no strategy; list the op in NOT_QUERIED"
-        )
         self.test.assertIsInstance(
             strategy, OpStrategy, "this walk handles ops with tensor (tuple) results"
         )
@@ -412,16 +382,14 @@ class TestPlannerConsumesStrategies(StrategyContractTestBase):
                 f"{len(report.failures)} node(s) failed:\n" + "\n".join(report.failures)
             )
         ops = [n for n in gm.graph.nodes if isinstance(n.target, OpOverload)]
-        self.assertEqual(report.queried_nodes + len(report.not_queried), len(ops))
+        self.assertEqual(report.queried_nodes, len(ops))
         self.assertTrue(math.isfinite(report.plan_cost))
         # The graphs keep exercising every registry a planner goes through.
         self.assertGreater(report.registries["single_dim"], 0)
         self.assertGreater(report.registries["op_strategy"], 0)
         if model == "hardswish_mse":
             self.assertGreaterEqual(report.registries["decomposition"], 3)
-            self.assertEqual(len(report.not_queried), 1)
-        else:
-            self.assertEqual(report.not_queried, [])
+            self.assertEqual(report.registries["planner rules"], 1)
 
     def test_walk_detects_a_broken_strategy(self) -> None:
         """The walk fails a node whose strategy breaks the contract (C1 here)."""

@@ -577,7 +577,8 @@ def specs_per_candidate(
     for candidate in strategy.strategies:
         try:
             specs.append(build(candidate))
-        except (RuntimeError, ValueError) as refusal:
+        except (RuntimeError, ValueError, KeyError, IndexError) as refusal:
+            # (KeyError/IndexError: view rules cannot map some _StridedShard inputs)
             if first_refusal is None:
                 first_refusal = refusal
     if not specs and first_refusal is not None:
