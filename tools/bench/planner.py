@@ -6,8 +6,8 @@ its inputs' candidates, and the output placements of the answer become the
 candidates of its result. What differs between the sides is how the answer is
 obtained:
 
-* ``built``: ``contract_sweep.query_strategy`` and the specs as returned (the
-  change guarantees complete specs);
+* ``built``: ``ShardingPropagator.get_op_strategy`` (the change's planner entry
+  point) and the specs as returned (the change guarantees complete specs);
 * ``stock``: stock's registries, plus the repair pass planners run today
   (:class:`StockRepair`): shape inference of the op on fake tensors, output and
   input metas filled in, ``None`` where the op returns ``None``, missing input
@@ -272,7 +272,8 @@ class PlannerWalk:
             self.stats.registries[registry] += 1
             try:
                 if self.repair is None:
-                    strategy = self.sweep.query_strategy(schema, self.mesh)
+                    # the change's one planner entry point, specs used as returned
+                    strategy = self.propagator.get_op_strategy(schema)
                 else:
                     metas = self.infer_metas(node)
                     strategy = self.repair.query(schema, registry, inputs, metas)

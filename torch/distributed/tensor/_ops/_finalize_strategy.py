@@ -43,8 +43,8 @@ from torch.utils import _pytree as pytree
 __all__ = [
     "FinalizedStrategyFunc",
     "answering",
-    "build_output_specs",
     "metas_for_builder",
+    "output_metas_by_position",
     "StrategyContractError",
     "finalize_strategy",
     "output_metas_for",
@@ -248,37 +248,23 @@ def metas_for_builder(op_schema: OpSchema, given: object) -> OutputMetas:
         return _UNKNOWN
 
 
-def build_output_specs(
-    specs: Sequence[DTensorSpec | None], metas: OutputMetas
-) -> DTensorSpec | tuple[DTensorSpec | None, ...] | None:
-    """A rule's output specs (placements only), completed with the op's results.
+def output_metas_by_position(
+    metas: OutputMetas, n_outputs: int
+) -> list[TensorMeta | None] | None:
+    """Per output position of a rule, the meta its spec carries (``None``: the op
+    returns ``None`` there, whatever placement the rule gave).
 
-    One ``DTensorSpec`` for a single-tensor op, a tuple with one entry per return
-    otherwise, ``None`` at every position whose result is ``None`` whatever
-    placement the rule gave, and ``None`` for an op without tensor results.
+    ``None`` when the results are unknown (data-dependent) or do not line up with
+    the rule's outputs; the specs then carry placements only and the finalizer
+    reconciles them.
     """
-
-    def with_meta(spec: DTensorSpec | None, meta: object) -> DTensorSpec | None:
-        if meta is None:
-            return None  # the op returns None here
-        if spec is None or not isinstance(meta, TensorMeta):
-            return spec  # does not line up: the finalizer reports it
-        return DTensorSpec(
-            spec.mesh,
-            spec.placements,
-            tensor_meta=meta,
-            use_strided_shard_as_shard_order=spec.use_strided_shard_as_shard_order,
-        )
-
-    if metas is None or not specs:
+    if metas is None or metas is _UNKNOWN:
         return None
-    if isinstance(metas, TensorMeta) and len(specs) == 1:
-        return with_meta(specs[0], metas)
-    if isinstance(metas, (list, tuple)) and not isinstance(metas, TensorMeta) and len(metas) == len(specs):
-        return tuple(with_meta(spec, meta) for spec, meta in zip(specs, metas))
-    # Unknown (data-dependent) results, or a rule whose outputs do not line up with
-    # the op's returns: placements only, as the rule gave them.
-    return specs[0] if len(specs) == 1 else tuple(specs)
+    if isinstance(metas, TensorMeta):
+        return [metas] if n_outputs == 1 else None
+    if len(metas) == n_outputs and all(m is None or isinstance(m, TensorMeta) for m in metas):
+        return list(metas)
+    return None
 
 
 def _out_tensor_positions(op_schema: OpSchema) -> list[int]:
@@ -322,35 +308,36 @@ def _output_with_meta(spec: DTensorSpec, meta: TensorMeta) -> DTensorSpec:
     return spec.shallow_copy_with_tensor_meta(meta)
 
 
-def _is_complete(spec: OpSpec, inputs: list[OpStrategy], metas: OutputMetas) -> bool:
+def _is_complete(
+    spec: OpSpec,
+    input_metas: list[TensorMeta | None],
+    candidates: list[int],
+    metas: OutputMetas,
+) -> bool:
     """Whether ``spec`` was built complete (by ``expand_to_full_mesh_op_strategy``).
 
     Checked by identity, which is cheap: the builder attaches the very meta objects
-    the finalizer is given. Anything else takes the full path.
+    the finalizer is given (``input_metas``: each input's; ``candidates``: how many
+    each input offers). Anything else takes the full path.
     """
     input_specs, costs = spec.input_specs, spec.redistribute_cost
     if (
         input_specs is None
         or costs is None
-        or len(input_specs) != len(inputs)
-        or len(costs) != len(inputs)
+        or len(input_specs) != len(input_metas)
+        or len(costs) != len(input_metas)
     ):
         return False
-    for s, row, inp in zip(input_specs, costs, inputs):
-        if not isinstance(s, DTensorSpec) or s.tensor_meta is not inp.strategies[
-            0
-        ].output_spec.tensor_meta or len(
-            row
-        ) != len(inp.strategies):
+    for s, row, meta, n in zip(input_specs, costs, input_metas, candidates):
+        if not isinstance(s, DTensorSpec) or s.tensor_meta is not meta or len(row) != n:
             return False
     out = spec.output_specs
     if metas is None or isinstance(metas, TensorMeta):
-        pairs: Sequence[tuple[object, object]] = [(out, metas)]
+        pairs: Sequence[tuple[object, object]] = ((out, metas),)
     elif isinstance(out, tuple) and len(out) == len(metas):
-        pairs = list(zip(out, metas))
+        pairs = tuple(zip(out, metas))
     else:
         return False
-    mesh = input_specs[0].mesh if input_specs else None
     for o, m in pairs:
         if m is None:
             if o is not None:
@@ -359,7 +346,7 @@ def _is_complete(spec: OpSpec, inputs: list[OpStrategy], metas: OutputMetas) -> 
             not isinstance(o, DTensorSpec)
             or o.tensor_meta is not m
             or any(o is s for s in input_specs)
-            or (mesh is not None and o.mesh != mesh)
+            or (input_specs and o.mesh is not input_specs[0].mesh)
         ):
             return False
     return True
@@ -496,8 +483,10 @@ class _Finalizer:
         self, strategy: OpStrategy, inputs: list[OpStrategy], metas: OutputMetas
     ) -> OpStrategy:
         finalized: list[OpSpec] = []
+        input_metas = [inp.strategies[0].output_spec.tensor_meta for inp in inputs]
+        candidates = [len(inp.strategies) for inp in inputs]
         for index, spec in enumerate(strategy.strategies):
-            if _is_complete(spec, inputs, metas):
+            if _is_complete(spec, input_metas, candidates, metas):
                 finalized.append(spec)
                 continue
             input_specs = self.inputs(index, spec, inputs)
