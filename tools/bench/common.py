@@ -41,7 +41,8 @@ def clear_dtensor_caches() -> list[str]:
 
     Stock and built both have the propagation caches (Python lru_cache and the
     C++ fast path, via the debug helper) and the tensor-meta lru_cache on the
-    propagator; only the built change has the finalizer's output-meta cache.
+    propagator; only the built change has the finalizer's output-meta cache and
+    the redistribute-cost cache.
     """
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
@@ -62,6 +63,12 @@ def clear_dtensor_caches() -> list[str]:
         with _finalize_strategy._meta_cache_lock:
             cache.clear()
         cleared.append("finalize_meta")
+    try:
+        from torch.distributed.tensor._ops import _redistribute_cost_cache
+    except ImportError:  # built before the cost cache
+        return cleared
+    _redistribute_cost_cache.clear_cost_cache()
+    cleared.append("redistribute_cost")
     return cleared
 
 

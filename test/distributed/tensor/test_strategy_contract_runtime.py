@@ -844,6 +844,54 @@ mv (decomp): aten.mv.default [S(0)S(1), S(0)R] -> S(0)P(sum)[8] | redistribute [
 
 
 # ---------------------------------------------------------------------------
+# The redistribute-cost cache shared across queries
+# ---------------------------------------------------------------------------
+
+
+class TestRedistributeCostCache(StrategyContractTestBase):
+    def pairs(self) -> list[tuple[DTensorSpec, DTensorSpec]]:
+        from torch.distributed.tensor.placement_types import _StridedShard
+
+        mesh = self.mesh((2, 2))
+        placements = [
+            (R, R), (S0, R), (R, S1), (S0, S1), (S1, S0), (P, R), (R, P), (S0, S0),
+            (_StridedShard(0, split_factor=2), S0),
+        ]
+        specs = []
+        for shape in ((8, 6), (5, 7)):  # even and uneven shards
+            meta = meta_of(torch.empty(shape))
+            specs += [DTensorSpec(mesh, p, tensor_meta=meta) for p in placements]
+        return [(a, b) for a in specs for b in specs if a.tensor_meta == b.tensor_meta]
+
+    def test_cached_costs_equal_redistribute_cost(self) -> None:
+        from torch.distributed.tensor._collective_utils import redistribute_cost
+        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
+
+        cache.clear_cost_cache()
+        for _ in range(2):  # computed, then served from the cache
+            for src, dst in self.pairs():
+                self.assertEqual(
+                    cache.cached_redistribute_cost(src, dst),
+                    redistribute_cost(src, dst),
+                    f"{src} -> {dst}",
+                )
+        self.assertGreater(cache.cost_cache_size(), 0)
+        cache.clear_cost_cache()
+        self.assertEqual(cache.cost_cache_size(), 0)
+
+    def test_cache_stays_bounded(self) -> None:
+        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
+
+        cache.clear_cost_cache()
+        pairs = self.pairs()
+        with mock.patch.object(cache, "COST_CACHE_SIZE", 5):
+            for src, dst in pairs:
+                cache.cached_redistribute_cost(src, dst)
+                self.assertLessEqual(cache.cost_cache_size(), 5)
+        cache.clear_cost_cache()
+
+
+# ---------------------------------------------------------------------------
 # Decomposition-derived strategies: what eager dispatch traces
 # ---------------------------------------------------------------------------
 
