@@ -49,7 +49,6 @@ import csv
 import dataclasses
 import difflib
 import hashlib
-import io
 import json
 import os
 import re

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import signal
@@ -36,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+from tools._modules import write_json_atomically
 from tools.audit.worker import OpFilter, _raised_at, all_opinfos, opinfo_label
 
 
@@ -509,10 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                    "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, out)
+    write_json_atomically(out, doc)
     print(f"[audit {args.role}] parity done in {doc['timing']['total_s']}s -> {out}", file=sys.stderr, flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()

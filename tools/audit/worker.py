@@ -24,10 +24,7 @@ import argparse
 import contextlib
 import fnmatch
 import hashlib
-import importlib.util
 import itertools
-import json
-import os
 import signal
 import sys
 import threading
@@ -39,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tools._modules import load_by_path, write_json_atomically
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -81,13 +80,7 @@ def _raised_at(exc: BaseException) -> str:
 
 def load_checker(path: Path) -> Any:
     """Import strategy_contract.py from ``path`` so both torches are judged by the same file."""
-    spec = importlib.util.spec_from_file_location(f"_audit_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load checker from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_by_path(f"_audit_{path.stem}", path)
 
 
 # --------------------------------------------------------------------------------------
@@ -1036,10 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, out)
+    write_json_atomically(out, doc)
     print(f"[audit {args.role}] done in {doc['timing']['total_s']}s -> {out}", file=sys.stderr, flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()

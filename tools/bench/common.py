@@ -7,13 +7,14 @@ additions), because the same file runs in the stock and the built venv.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from tools._modules import load_by_path
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -80,14 +81,7 @@ def load_contract_sweep() -> ModuleType:
         return contract_sweep
     except ImportError:
         pass
-    path = REPO_ROOT / CONTRACT_SWEEP
-    spec = importlib.util.spec_from_file_location("_bench_contract_sweep", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load contract_sweep from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_by_path("_bench_contract_sweep", REPO_ROOT / CONTRACT_SWEEP)
 
 
 def has_contract_change() -> bool:

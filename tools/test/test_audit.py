@@ -10,12 +10,10 @@ and message, and ``--strict`` must fail on them.
 import argparse
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import textwrap
-import unittest
 from pathlib import Path
 from unittest import mock
 

@@ -46,7 +46,6 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
-    subtest,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
     meta_of,

@@ -42,7 +42,6 @@ from torch.distributed.tensor._ops.strategy_contract import (
 )
 from torch.distributed.tensor._ops.utils import (
     expand_to_full_mesh_op_strategy,
-    generate_redistribute_costs,
 )
 from torch.distributed.tensor.placement_types import (
     Partial,
