@@ -596,6 +596,30 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                 else:
                     self.assert_output_metas(strategy, expected)
 
+    def test_expand_when_shape_inference_cannot_run(self) -> None:
+        """A schema that is no valid call of its op (tests build them around a
+        stand-in op) still expands: inputs carry their metas, outputs none."""
+        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+        mesh = self.mesh((4,))
+        a, b = meta_of(torch.randn(8, 6)), meta_of(torch.randn(8, 10))
+        schema = OpSchema(
+            aten.add.Tensor,  # (8, 6) + (8, 10) does not broadcast
+            tuple(self.single_candidate(mesh, m) for m in (a, b)),
+            {},
+            RuntimeSchemaInfo(),
+        )
+        rules = [[Shard(0), Shard(0), Shard(0)], [Replicate(), Replicate(), Replicate()]]
+        strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
+        for spec in self.specs_of(strategy):
+            self.assertEqual([s.tensor_meta for s in spec.input_specs], [a, b])
+            self.assertIsNone(spec.output_spec.tensor_meta)
+
+    def single_candidate(self, mesh: DeviceMesh, meta: TensorMeta) -> OpStrategy:
+        spec = DTensorSpec(mesh, (Replicate(),) * mesh.ndim, tensor_meta=meta)
+        return OpStrategy([OpSpec(spec)])
+
     # ---- in-place and out= ----
 
     @parametrize("shape", MESHES, name_fn=mesh_name)
