@@ -877,7 +877,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default=None,
                     help='comma-separated OpInfo names and/or aten op names, globs allowed (e.g. add,mm,"nn.functional.*")')
     ap.add_argument("--meshes", default="4,2x2", help="comma-separated mesh shapes among 4, 2x2, 2x4, 2x2x2")
-    ap.add_argument("--modes", default="runtime,planner")
+    ap.add_argument("--modes", default="runtime,planner,utility")
     ap.add_argument("--dtypes", default=None, help="default float32,bfloat16,int64,bool,complex64")
     ap.add_argument("--max-samples", type=int, default=None, help="samples per OpInfo and dtype (default 3)")
     ap.add_argument("--max-calls-per-op", type=int, default=None, help="distinct calls per aten op (default 4)")

@@ -44,7 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CHECKER = REPO_ROOT / "torch/distributed/tensor/_ops/strategy_contract.py"
 
 REGISTRIES = ("single_dim", "op_strategy", "decomposition", "rules")
-MODES = ("runtime", "planner")
+MODES = ("runtime", "planner", "utility")
 DTYPE_NAMES = ("float32", "bfloat16", "int64", "bool", "complex64")
 # Clauses a propagation rule can be held to: rules return an OutputSharding, not
 # OpSpecs, so there are no input_specs (C3) or redistribute costs (C4) to judge.
@@ -76,6 +76,16 @@ def _raised_at(exc: BaseException) -> str:
         return ""
     code = last.tb_frame.f_code
     return f"{Path(code.co_filename).name}:{last.tb_lineno} in {code.co_name}"
+
+
+def load_contract_sweep() -> Any:
+    """The repo's contract_sweep (stock torch does not have it), loaded once."""
+    name = "_audit_contract_sweep"
+    if name in sys.modules:
+        return sys.modules[name]
+    return load_by_path(
+        name, REPO_ROOT / "torch/testing/_internal/distributed/_tensor/contract_sweep.py"
+    )
 
 
 def load_checker(path: Path) -> Any:
@@ -265,8 +275,7 @@ def all_opinfos() -> list[Any]:
 
     # The same OpInfo lists as the registry-wide test; the repo's file is loaded by
     # path so stock and built sample identically.
-    sweep = load_checker(REPO_ROOT / "torch/testing/_internal/distributed/_tensor/contract_sweep.py")
-    return sweep.opinfo_db()
+    return load_contract_sweep().opinfo_db()
 
 
 def _clone_sample(sample: Any) -> tuple[Any, tuple, dict]:
@@ -535,6 +544,7 @@ class Auditor:
         self.args = args
         self.checker = checker
         self.p = DTensor._op_dispatcher.sharding_propagator
+        self.sweep = load_contract_sweep()
         self.meshes = self._make_meshes(args.meshes)
         self.modes = [m for m in args.modes.split(",") if m]
         self.buckets: dict[tuple[str, str], Bucket] = {}
@@ -679,6 +689,9 @@ class Auditor:
         from torch.distributed.tensor._ops.single_dim_strategy import _expand_single_dim_strategy_to_mesh
 
         op = strategy_schema.op
+        if mode == "utility":
+            # the single-dim rules expanded as a downstream rule author does
+            return self.sweep.utility_strategy(strategy_schema, mesh)
         if reg == "single_dim":
             info = self.p.op_single_dim_strategy_funcs[op]
             metas = self.p._propagate_tensor_meta_non_cached(runtime) if mode == "runtime" else None
@@ -831,20 +844,26 @@ class Auditor:
                     self.selections[f"{call.qid}|{mesh_name}|{cfg}"] = {"op": op, **sel}
                     self.timed(t0, op, what)
 
-            if "planner" in self.modes and reg != "rules":
-                what = f"planner on mesh {mesh_name}"
+            # planner queries ask the registry; utility queries expand the
+            # single-dim rules themselves, as a downstream rule author does
+            for mode in ("planner", "utility"):
+                if mode not in self.modes or reg == "rules" or (
+                    mode == "utility" and reg != "single_dim"
+                ):
+                    continue
+                what = f"{mode} on mesh {mesh_name}"
                 t0 = time.monotonic()
                 try:
                     strategy_schema = self.planner_schema(call, reg, mesh)
                     with time_limit(self.args.query_timeout):
-                        strategy = self.query_strategy("planner", reg, mesh, None, strategy_schema)
+                        strategy = self.query_strategy(mode, reg, mesh, None, strategy_schema)
                 except (Exception, QueryTimeout) as e:
-                    self.record_error(e, op, reg, "planner", mesh_name, what, call)
-                    total, by_reg = self.bucket("planner", mesh_name, reg)
+                    self.record_error(e, op, reg, mode, mesh_name, what, call)
+                    total, by_reg = self.bucket(mode, mesh_name, reg)
                     total.add_error(op)
                     by_reg.add_error(op)
                 else:
-                    self.judge("planner", mesh_name, reg, call, what, strategy_schema, strategy, metas)
+                    self.judge(mode, mesh_name, reg, call, what, strategy_schema, strategy, metas)
                 self.timed(t0, op, what)
 
     # -- output --------------------------------------------------------------------------
@@ -885,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--ops", default=None, help="comma-separated OpInfo and/or aten op names, globs allowed")
     ap.add_argument("--meshes", default="4,2x2", help="comma-separated mesh shapes: 4, 2x2, 2x4, 2x2x2")
-    ap.add_argument("--modes", default="runtime,planner")
+    ap.add_argument("--modes", default="runtime,planner,utility")
     ap.add_argument("--dtypes", default=",".join(DTYPE_NAMES))
     ap.add_argument("--max-samples", type=int, default=3, help="samples per OpInfo and dtype")
     ap.add_argument("--max-calls-per-op", type=int, default=4, help="distinct captured calls queried per aten op")
