@@ -49,6 +49,7 @@ import csv
 import dataclasses
 import difflib
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -59,7 +60,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 REPO_ROOT: Path = Path(__file__).resolve().parent.parent
 SCRIPT_PATH: Path = Path(__file__).resolve()
@@ -95,6 +96,11 @@ PR_SECTIONS: tuple[str, ...] = ("Summary", "Motivation", "Design", "Test plan")
 
 class BuildError(Exception):
     """A problem the user has to fix; the message says what and where."""
+
+
+# tools/stack.py and tools/rebase.py load this module by this name; registering
+# the running copy (also when run as a script) keeps one BuildError class.
+sys.modules.setdefault("dtensor_build_tool", sys.modules[__name__])
 
 
 Log = Callable[[str], None]
@@ -1237,16 +1243,65 @@ def cmd_check_refreshed(args: argparse.Namespace, log: Log) -> int:
     return EXIT_NOT_REFRESHED
 
 
-def cmd_export(args: argparse.Namespace, log: Log) -> int:
-    """Write dist/ with the git patch and PR.md."""
-    ctx = _context(args)
+def _load_tool(name: str) -> Any:
+    """Import ``tools/<name>.py`` (the stack and rebase logic) by path, once."""
+    module_name = f"dtensor_{name}_tool"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    path = SCRIPT_PATH.parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise BuildError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _export_targets(ctx: Context) -> list[Target]:
     targets = [ctx.target]
     if ctx.stock_site is not None:
         targets.append(Target(ctx.stock_site, ctx.stock_venv or ctx.stock_site.parent))
+    return targets
+
+
+def cmd_export(args: argparse.Namespace, log: Log) -> int:
+    """Write dist/: the combined git patch, PR.md and the PR stack (or the stack rebased with --base)."""
+    ctx = _context(args)
+    targets = _export_targets(ctx)
     out_dir = Path(args.out).resolve() if args.out else ctx.sources.root / "dist"
+    if args.base and args.base != TORCH_VERSION:
+        rebase = _load_tool("rebase")
+        for path in rebase.export_rebased_stack(ctx.sources, targets, args.base, out_dir / f"stack-{args.base}", log):
+            log(f"export: wrote {path}")
+        log(f"export: verified patch by patch with `git apply --check` against pristine torch {args.base} files")
+        return 0
     for path in export(ctx.sources, targets, out_dir):
         log(f"export: wrote {path}")
     log(f"export: verified with `git apply --check` against pristine torch {TORCH_VERSION} files")
+    if not args.no_stack:
+        stack = _load_tool("stack")
+        written = stack.export_stack(ctx.sources, targets, out_dir / "stack", log)
+        log(f"export: wrote {len(written)} stacked patches to {out_dir / 'stack'} (applied one by one with git, "
+            "ending at the combined patch)")
+    return 0
+
+
+def cmd_check_stack(args: argparse.Namespace, log: Log) -> int:
+    """Apply the PR stack step by step to stock torch and run each step's tests."""
+    ctx = _context(args)
+    if ctx.stock_site is None:
+        raise BuildError("check-stack needs the stock venv (`make build`) or --stock-site-packages")
+    python = Path(args.python).resolve() if args.python else (ctx.stock_venv or ctx.stock_site.parent) / "bin" / "python"
+    if not python.exists():
+        raise BuildError(f"{python} does not exist; build the stock venv (`make build`) or pass --python")
+    stack = _load_tool("stack")
+    started = time.monotonic()
+    report = None if args.no_report else ctx.sources.root / "reports" / stack.STACK_REPORT_NAME
+    only = [s for s in (args.steps or "").split(",") if s]
+    runs = stack.check_stack(ctx.sources, _export_targets(ctx), ctx.stock_site, python, log, only, args.timeout, report)
+    log(f"check-stack: {len(runs)} step(s) green on their own in {time.monotonic() - started:.0f} s"
+        + (f"; results in {report}" if report else ""))
     return 0
 
 
@@ -1275,7 +1330,17 @@ def make_parser() -> argparse.ArgumentParser:
     p_check.set_defaults(func=cmd_check_refreshed)
     p_export = sub.add_parser("export", parents=[common], help=cmd_export.__doc__)
     p_export.add_argument("--out", help="output directory (default: dist/)")
+    p_export.add_argument("--base", default=os.environ.get("BASE", ""),
+                          help=f"write the stack rebased onto this torch release into <out>/stack-<BASE>/ "
+                          f"(default: {TORCH_VERSION}, the full export)")
+    p_export.add_argument("--no-stack", action="store_true", help="only the combined patch and PR.md")
     p_export.set_defaults(func=cmd_export)
+    p_stack = sub.add_parser("check-stack", parents=[common], help=cmd_check_stack.__doc__)
+    p_stack.add_argument("--python", help="interpreter to run the tests with (default: the stock venv's)")
+    p_stack.add_argument("--steps", help="comma-separated step slugs to test (default: every step)")
+    p_stack.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per step (default 1200)")
+    p_stack.add_argument("--no-report", action="store_true", help="do not update reports/stack.json")
+    p_stack.set_defaults(func=cmd_check_stack)
     return parser
 
 
