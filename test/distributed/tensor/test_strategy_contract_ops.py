@@ -702,6 +702,66 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                         self.assertIsNone(spec.output_specs, f"OpSpec {i}")
                         self.assertEqual(len(spec.input_specs), len(args))
 
+    # ---- calls that leave optional arguments out ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_optional_args_omitted(self, shape: tuple[int, ...]) -> None:
+        """Each call passes only the op's required arguments, as DTensor's dispatch
+        sees a call whose optional arguments hold their defaults. One op per
+        strategy function that reads an argument by a position the call may omit."""
+        x = torch.randn(8, 12)
+        spd = torch.eye(4).expand(2, 4, 4).contiguous()
+        f8 = torch.randn(16, 32).to(torch.float8_e4m3fn)
+        f8_t = torch.randn(16, 32).to(torch.float8_e4m3fn).t()  # column-major mat2
+        scale = torch.tensor(1.0)
+        bf = torch.randn(4, 8, 16, dtype=torch.bfloat16)
+        bf_w = torch.randn(4, 16, 8, dtype=torch.bfloat16)
+        cases: list[tuple[torch._ops.OpOverload, tuple, dict]] = [
+            (aten._scaled_mm.default, (f8, f8_t, scale, scale), {}),
+            (aten._grouped_mm.default, (bf, bf_w), {}),
+            (aten.sum.default, (x,), {}),
+            (aten.amax.out, (x,), {"out": torch.empty(())}),
+            (aten.argmax.default, (x,), {}),
+            (aten.std.correction, (x,), {}),
+            (aten.var_mean.correction_out, (x,), {"out0": torch.empty(()), "out1": torch.empty(())}),
+            (aten.linalg_vector_norm.default, (x,), {}),
+            (aten._foreach_norm.Scalar, ([x, x],), {}),
+            (aten.topk.default, (x, 3), {}),
+            (aten.sort.default, (x,), {}),
+            (aten.max.dim, (x, 1), {}),
+            (aten.mode.default, (x,), {}),
+            (aten.kthvalue.default, (x, 2), {}),
+            (aten.cholesky.default, (spd,), {}),
+            (aten.cat.default, ([x, x],), {}),
+            (aten.stack.default, ([x, x],), {}),
+            (aten.split.Tensor, (x, 4), {}),
+            (aten.unbind.int, (x,), {}),
+            (aten.slice_scatter.default, (x, x), {}),
+            (aten.diagonal_scatter.default, (x, torch.randn(8)), {}),
+            (aten.constant_pad_nd.default, (x, [1, 1]), {}),
+            (aten.roll.default, (x, [1]), {}),
+        ]
+        for op, args, kwargs in cases:
+            if strategy_registry(op) is None:
+                continue
+            required = sum(
+                1
+                for a in op._schema.arguments
+                if not a.kwarg_only and not a.has_default_value()
+            )
+            self.assertEqual(len(args), required, f"{op}: the case must omit every optional argument")
+            avoid = (0,) if op == aten.unbind.int else ()  # unbind refuses its sharded dim
+            propagator = DTensor._op_dispatcher.sharding_propagator
+            for mode in MODES:
+                with self.subTest(op=str(op), mode=mode):
+                    # the contract, whichever registry holds the op
+                    self.query(shape, mode, op, args, kwargs, avoid)
+                    # and through the planner entry point
+                    mesh = self.mesh(shape)
+                    candidates = mode_candidates(mode, avoid)
+                    schema = strategy_schema(mesh, op, args, kwargs, candidates)
+                    self.assert_contract(schema, propagator.get_op_strategy(schema))
+
     # ---- planner queries with candidates a strategy cannot use ----
 
     @parametrize(

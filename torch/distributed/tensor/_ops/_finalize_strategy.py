@@ -52,6 +52,7 @@ __all__ = [
     "resolve_output_metas",
     "specs_per_candidate",
     "strategy_name",
+    "with_default_args",
 ]
 
 logger = logging.getLogger(__name__)
@@ -221,6 +222,44 @@ def answering(op_schema: OpSchema, metas: OutputMetas) -> Iterator[None]:
         _query_metas.reset(token)
 
 
+@functools.cache
+def _positional_defaults(op: OpOverload) -> tuple[tuple[str, bool, object], ...]:
+    """(name, has a default, the default) of each positional argument of ``op``."""
+    return tuple(
+        (arg.name, arg.has_default_value(), arg.default_value)
+        for arg in op._schema.arguments
+        if not arg.kwarg_only
+    )
+
+
+def with_default_args(op_schema: OpSchema) -> OpSchema:
+    """``op_schema`` with every positional argument the call left out filled in.
+
+    A call may omit trailing optional arguments, and DTensor's dispatch sees them
+    omitted whenever they hold their default. Strategies read arguments by
+    position, so each registry hands its strategies the full argument list: a
+    positional argument passed by keyword moves to its position, one left out
+    takes its default. A call missing a required argument is returned unchanged
+    for the op itself to reject.
+    """
+    positional = _positional_defaults(op_schema.op)
+    n_given = len(op_schema.args_schema)
+    if n_given >= len(positional):
+        return op_schema
+    kwargs = dict(op_schema.kwargs_schema)
+    filled = list(op_schema.args_schema)
+    for name, has_default, default in positional[n_given:]:
+        if name in kwargs:
+            filled.append(kwargs.pop(name))
+        elif has_default:
+            filled.append(default)
+        else:
+            return op_schema
+    return OpSchema(
+        op_schema.op, tuple(filled), kwargs, schema_info=op_schema.schema_info
+    )
+
+
 _UNKNOWN: Any = object()
 
 
@@ -290,7 +329,12 @@ def _out_tensor_positions(op_schema: OpSchema) -> list[int]:
 def _insert_out_specs(
     input_specs: Sequence[DTensorSpec], out_positions: list[int], output_specs: object
 ) -> list[DTensorSpec | None]:
-    outs = output_specs if isinstance(output_specs, (tuple, list)) else (output_specs,)
+    # One spec for a multi-output op holds for each output, so for each out= tensor.
+    outs = (
+        output_specs
+        if isinstance(output_specs, (tuple, list))
+        else (output_specs,) * len(out_positions)
+    )
     result: list[DTensorSpec | None] = list(input_specs)
     for i, position in enumerate(out_positions):
         result.insert(position, outs[i] if i < len(outs) else None)
@@ -598,6 +642,7 @@ class FinalizedStrategyFunc:
     def __call__(
         self, op_schema: OpSchema, output_metas: OutputMetas = None
     ) -> StrategyType:
+        op_schema = with_default_args(op_schema)
         metas = resolve_output_metas(op_schema, output_metas)
         with answering(op_schema, metas):
             strategy = self.func(op_schema)
