@@ -1305,6 +1305,19 @@ def cmd_check_stack(args: argparse.Namespace, log: Log) -> int:
     return 0
 
 
+def cmd_rebase_resolve(args: argparse.Namespace, log: Log) -> int:
+    """Write the three-way merge of one patched file onto --base to edit, or --record the edited file."""
+    ctx = _context(args)
+    rebase = _load_tool("rebase")
+    if args.record:
+        rebase.record_resolution(ctx.sources, _export_targets(ctx), args.base, args.file, Path(args.record),
+                                 args.note or "", log)
+    else:
+        work = ctx.sources.root / ".build" / f"rebase-{args.base}"
+        rebase.start_resolution(ctx.sources, _export_targets(ctx), args.base, args.file, work, log)
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--repo", default=str(REPO_ROOT), help="repository root (default: this checkout)")
@@ -1341,6 +1354,12 @@ def make_parser() -> argparse.ArgumentParser:
     p_stack.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per step (default 1200)")
     p_stack.add_argument("--no-report", action="store_true", help="do not update reports/stack.json")
     p_stack.set_defaults(func=cmd_check_stack)
+    p_resolve = sub.add_parser("rebase-resolve", parents=[common], help=cmd_rebase_resolve.__doc__)
+    p_resolve.add_argument("--base", required=True, help="the newer torch release, e.g. 2.14.1")
+    p_resolve.add_argument("--file", required=True, help="the patched upstream file, e.g. torch/distributed/tensor/_ops/utils.py")
+    p_resolve.add_argument("--record", help="store this edited file as the resolution (rebase/<base>/<file>.patch)")
+    p_resolve.add_argument("--note", help="with --record: why the resolution looks as it does (kept in its header)")
+    p_resolve.set_defaults(func=cmd_rebase_resolve)
     return parser
 
 
