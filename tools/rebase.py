@@ -19,6 +19,7 @@ release that already has such a file fails the rebase).
 
 from __future__ import annotations
 
+import ast
 import base64
 import csv
 import dataclasses
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +41,8 @@ from typing import Callable, Mapping, Sequence
 SOURCE_PREFIXES: tuple[str, ...] = ("torch/distributed/tensor/", "torch/testing/_internal/distributed/")
 RESOLUTIONS_DIR_NAME = "rebase"
 _HASH_KEYS: tuple[str, ...] = ("base", "ours", "theirs")
+#: A resolution holding this line and no diff keeps the release's file as it is.
+TAKE_THEIRS = "take: theirs (the release already holds what the change did to this file)"
 
 
 def _load_stack() -> ModuleType:
@@ -191,10 +195,21 @@ def resolution_header(rel: str, version: str, hashes: Mapping[str, str], note: s
         f"against torch {version}'s {rel}. Made from (sha256):",
         *(f"{key}: {hashes[key]}" for key in _HASH_KEYS),
         "",
-        *(line for line in note.strip().splitlines()),
+        *textwrap.wrap(" ".join(note.split()), width=88, break_on_hyphens=False),
         "",
     ]
     return "\n".join(lines) + "\n"
+
+
+def resolution_note(path: Path) -> str:
+    """The free text of a resolution's header (why it looks as it does)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    body: list[str] = []
+    for line in lines[2 + len(_HASH_KEYS):]:
+        if line.startswith("--- a/") or line == TAKE_THEIRS:
+            break
+        body.append(line)
+    return " ".join(" ".join(body).split())
 
 
 def _read_hashes(text: str, path: Path) -> dict[str, str]:
@@ -222,6 +237,8 @@ def apply_resolution(path: Path, rel: str, version: str, inputs: Mapping[str, by
             f"Re-resolve: `python3.11 tools/build.py rebase-resolve --base {version} --file {rel}`, edit the file it "
             "writes, then run it again with --record"
         )
+    if TAKE_THEIRS in text.splitlines() and not any(line.startswith("--- a/") for line in text.splitlines()):
+        return inputs["theirs"]
     patch = bt.parse_patch(text, str(path))
     if patch.old_path != rel or patch.new_path != rel:
         raise BuildError(f"{path}: headers name a/{patch.old_path} and b/{patch.new_path}, expected {rel}")
@@ -305,6 +322,59 @@ def rebase_stack(sources: object, targets: Sequence[object], version: str, log: 
     return Rebased(tuple(steps), originals, how)
 
 
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        targets: list[ast.AST] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        elif isinstance(node, (ast.If, ast.Try)):
+            names |= _top_level_names(ast.Module(body=[*node.body, *getattr(node, "orelse", [])], type_ignores=[]))
+        for target in targets:
+            names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def unresolved_imports(tree: Mapping[str, bytes], files: Sequence[str], packages: Sequence[str] = SOURCE_PREFIXES) -> list[str]:
+    """``from <module> import name`` in ``files`` that ``tree`` cannot satisfy.
+
+    Only modules under ``packages`` are looked at (the part of torch the tree
+    holds). It is the one check of the rebased code that needs no install: a
+    name the change imports that the release renamed or removed shows here.
+    """
+    problems: list[str] = []
+    parsed: dict[str, set[str]] = {}
+    for rel in files:
+        if not rel.endswith(".py") or tree.get(rel) is None:
+            continue
+        module_tree = ast.parse(tree[rel], filename=rel)
+        for node in ast.walk(module_tree):
+            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                continue
+            base = node.module.replace(".", "/")
+            if not (base + "/").startswith(tuple(packages)) and not base.startswith(tuple(p.rstrip("/") for p in packages)):
+                continue
+            source = next((c for c in (f"{base}.py", f"{base}/__init__.py") if c in tree), None)
+            if source is None:
+                problems.append(f"{rel}:{node.lineno}: module {node.module} does not exist")
+                continue
+            if source not in parsed:
+                parsed[source] = _top_level_names(ast.parse(tree[source], filename=source))
+            for alias in node.names:
+                if alias.name == "*" or alias.name in parsed[source]:
+                    continue
+                if f"{base}/{alias.name}.py" in tree or f"{base}/{alias.name}/__init__.py" in tree:
+                    continue
+                problems.append(f"{rel}:{node.lineno}: {node.module} has no {alias.name}")
+    return problems
+
+
 def export_rebased_stack(sources: object, targets: Sequence[object], version: str, out_dir: Path, log: Log) -> list[Path]:
     """Write ``out_dir`` (the stack on ``version``) and check it with git patch by patch."""
     rebased = rebase_stack(sources, targets, version, log)
@@ -317,14 +387,31 @@ def export_rebased_stack(sources: object, targets: Sequence[object], version: st
     renumbered = [dataclasses.replace(step, number=i) for i, step in enumerate(kept, 1)]
     author, date = st._author_and_date(sources.root)
     messages = [
-        {**st.placeholder_values(sources, step, None), "check_stack": untested_note(version)}
+        {**st.placeholder_values(sources, step, None), "check_stack": rebase_results(sources.root, step, version, rebased.how)}
         for step in renumbered
     ]
+    final = renumbered[-1].after
+    tree = {**release_sources(version, log), **{rel: data for rel, data in final.items() if data is not None}}
+    problems = unresolved_imports(tree, sorted(rel for rel, data in final.items() if data is not None))
+    if problems:
+        raise BuildError(f"the stack rebased onto torch {version} imports names the release lacks:\n  " + "\n  ".join(problems))
     written = st.write_series(out_dir, renumbered, messages, author, date, version)
     st.verify_series(written, rebased.originals, [s.after for s in renumbered], version)
     for rel in sorted(rebased.how):
         log(f"rebase: {rel}: {rebased.how[rel]}")
     return written
+
+
+def rebase_results(root: Path, step: object, version: str, how: Mapping[str, str]) -> str:
+    """The rebased step's Results: that it is untested there, and what the rebase changed in its files."""
+    lines = [untested_note(version)]
+    for rel in step.changed:
+        if how.get(rel) == "resolved":
+            note = resolution_note(resolution_path(root, version, rel))
+            lines.append(f"* `{rel}` (conflicts resolved by hand, `rebase/{version}/{rel}.patch`): {note}")
+        elif how.get(rel) == "clean":
+            lines.append(f"* `{rel}`: three-way merge without conflicts.")
+    return "\n".join(lines)
 
 
 def untested_note(version: str) -> str:
@@ -371,7 +458,9 @@ def record_resolution(
         raise BuildError(f"{edited} still holds conflict markers")
     diff = bt.make_patch(rel, bt.decode_text(inputs["theirs"], rel), text)
     if not diff:
-        raise BuildError(f"{edited} equals torch {version}'s {rel}: the change would drop out of this file entirely")
+        # the release already does what the change did to this file
+        diff = TAKE_THEIRS + "\n"
+        log(f"rebase-resolve: {edited} equals torch {version}'s {rel}: the change drops out of this file")
     hashes = {key: sha256(inputs[key]) for key in _HASH_KEYS}
     path = resolution_path(sources.root, version, rel)
     bt.write_file(path, (resolution_header(rel, version, hashes, note) + diff).encode("utf-8"))

@@ -594,7 +594,7 @@ def _module_names(state: Mapping[str, bytes | None]) -> list[str]:
     )
 
 
-_SUMMARY_RE = re.compile(r"^=*\s*(?P<summary>(?:\d+ \w+(?:, )?)+) in [\d.]+s", re.MULTILINE)
+_SUMMARY_RE = re.compile(r"^=*\s*(?P<summary>\d+ [a-z][^\n]*?) in [\d.]+s\b", re.MULTILINE)
 
 
 @dataclasses.dataclass
