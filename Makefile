@@ -3,7 +3,9 @@
 #   make build            .venv (change applied) + .venv-stock (same pins, no change)
 #   make refresh          turn in-place edits in .venv's torch into patches/ and torch/
 #   make check-refreshed  fail if .venv holds edits the repo lacks
-#   make export           dist/dtensor-strategy-contract.patch + dist/PR.md
+#   make export           dist/dtensor-strategy-contract.patch + dist/PR.md + dist/stack/ (the PR stack)
+#   make export BASE=2.14.1  the stack rebased onto that release: dist/stack-2.14.1/
+#   make check-stack      apply the stack step by step to stock torch, run each step's tests (STEPS=a,b)
 #   make test             build, then run tools/test and test/distributed/tensor
 #   make audit            build, then run tools.audit (STRICT=1, OPS=...)
 #   make bench            build, then run tools.bench, stock vs built (STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
@@ -18,7 +20,7 @@ BUILD_TOOL = $(PYTHON) tools/build.py
 VENV_ARGS = --venv $(VENV) --stock-venv $(STOCK_VENV)
 TEST_DIRS = tools/test $(wildcard test/distributed/tensor)
 
-.PHONY: build refresh check-refreshed export test audit bench clean
+.PHONY: build refresh check-refreshed export check-stack test audit bench clean
 
 build:
 	$(BUILD_TOOL) build $(VENV_ARGS) $(if $(PIP_ARGS),--pip-args "$(PIP_ARGS)") $(if $(FORCE),--force)
@@ -30,7 +32,10 @@ check-refreshed:
 	$(BUILD_TOOL) check-refreshed $(VENV_ARGS)
 
 export:
-	$(BUILD_TOOL) export $(VENV_ARGS)
+	$(BUILD_TOOL) export $(VENV_ARGS) $(if $(BASE),--base $(BASE))
+
+check-stack: build
+	$(BUILD_TOOL) check-stack $(VENV_ARGS) $(if $(STEPS),--steps "$(STEPS)")
 
 test: build
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(TEST_DIRS)
