@@ -655,13 +655,14 @@ def check_stack(
     only: Sequence[str] = (),
     timeout: float = 1200.0,
     report_path: Path | None = None,
+    manifest_path: Path | None = None,
 ) -> list[StepRun]:
     """Run every step's tests on stock torch with steps 1..k applied (see the module docstring).
 
     ``only`` limits the test runs to some step slugs (the tree is still
     built up through every earlier step). Raises when any step fails.
     """
-    stack = derive_stack(sources, targets)
+    stack = derive_stack(sources, targets, manifest_path)
     unknown = sorted(set(only) - {s.slug for s in stack.steps})
     if unknown:
         raise BuildError(f"unknown step(s) {', '.join(unknown)}; the manifest has {', '.join(s.slug for s in stack.steps)}")
