@@ -5,7 +5,8 @@
 #   make check-refreshed  fail if .venv holds edits the repo lacks
 #   make export           dist/dtensor-strategy-contract.patch + dist/PR.md + dist/stack/ (the PR stack)
 #   make export BASE=2.14.1  the stack rebased onto that release: dist/stack-2.14.1/
-#   make check-stack      apply the stack step by step to stock torch, run each step's tests (STEPS=a,b)
+#   make check-stack      apply the stack step by step to stock torch, run each step's tests (STEPS=a,b; QUICK=1: the last
+#                         step's tests are left to `make test`, as in CI)
 #   make test             build, then run tools/test and test/distributed/tensor
 #   make audit            build, then run tools.audit (STRICT=1, OPS=...)
 #   make bench            build, then run tools.bench, stock vs built (STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
@@ -35,7 +36,7 @@ export:
 	$(BUILD_TOOL) export $(VENV_ARGS) $(if $(BASE),--base $(BASE))
 
 check-stack: build
-	$(BUILD_TOOL) check-stack $(VENV_ARGS) $(if $(STEPS),--steps "$(STEPS)")
+	$(BUILD_TOOL) check-stack $(VENV_ARGS) $(if $(STEPS),--steps "$(STEPS)") $(if $(QUICK),--skip-final-tests)
 
 test: build
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(TEST_DIRS)

@@ -1303,7 +1303,7 @@ def cmd_check_stack(args: argparse.Namespace, log: Log) -> int:
     if manifest is not None:
         report = None  # measurements of another stack layout are not this stack's results
     runs = stack.check_stack(ctx.sources, _export_targets(ctx), ctx.stock_site, python, log, only, args.timeout,
-                             report, manifest)
+                             report, manifest, args.skip_final_tests)
     log(f"check-stack: {len(runs)} step(s) green on their own in {time.monotonic() - started:.0f} s"
         + (f"; results in {report}" if report else ""))
     return 0
@@ -1357,6 +1357,8 @@ def make_parser() -> argparse.ArgumentParser:
     p_stack.add_argument("--steps", help="comma-separated step slugs to test (default: every step)")
     p_stack.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per step (default 1200)")
     p_stack.add_argument("--no-report", action="store_true", help="do not update reports/stack.json")
+    p_stack.add_argument("--skip-final-tests", action="store_true",
+                         help="last step: import check only (its tree is the combined change `make test` tests)")
     p_stack.add_argument("--manifest", help="try another stack layout (default: tools/stack.toml; not recorded)")
     p_stack.set_defaults(func=cmd_check_stack)
     p_resolve = sub.add_parser("rebase-resolve", parents=[common], help=cmd_rebase_resolve.__doc__)

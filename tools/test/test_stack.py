@@ -241,6 +241,17 @@ class CheckStackTest(StackTestCase):
         exported = stack.export_stack(self.sources, self.targets, self.tmp / "dist", lambda _: None)
         self.assertIn("1 passed", exported[0].read_text())
 
+    def test_ci_subset_leaves_the_last_steps_tests_to_make_test(self) -> None:
+        self.write_manifest(
+            step_toml("code", [NEW_MODULE, HELPER, PROP, API]),
+            step_toml("tests", [TEST_FILE]),
+        )
+        logs: list[str] = []
+        runs = stack.check_stack(self.sources, self.targets, self.stock, Path(sys.executable), logs.append,
+                                 skip_final_tests=True)
+        self.assertEqual([r.slug for r in runs], ["code"])
+        self.assertIn("import check passed (its tests are `make test`'s)", logs[-1])
+
     def test_a_step_that_needs_a_later_one_fails(self) -> None:
         self.write_manifest(
             step_toml("tests-first", [TEST_FILE, HELPER, PROP]),
