@@ -25,8 +25,9 @@ import random
 from collections.abc import Callable, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import distribute_tensor, DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
     OpSchema,
@@ -36,6 +37,12 @@ from torch.distributed.tensor._op_schema import (
     TupleStrategy,
 )
 from torch.distributed.tensor._ops._finalize_strategy import StrategyContractError
+from torch.distributed.tensor._ops.strategy_contract import (
+    infer_output_metas,
+    op_has_tensor_returns,
+    tensor_inputs,
+)
+from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor.placement_types import (
     _StridedShard,
     Placement,
@@ -56,6 +63,7 @@ from torch.testing._internal.distributed._tensor.contract_common import (
     strategy_schema,
     StrategyContractTestBase,
 )
+from torch.utils import _pytree as pytree
 
 
 aten = torch.ops.aten
@@ -761,6 +769,119 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                     candidates = mode_candidates(mode, avoid)
                     schema = strategy_schema(mesh, op, args, kwargs, candidates)
                     self.assert_contract(schema, propagator.get_op_strategy(schema))
+
+    # ---- data-dependent results ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_data_dependent_outputs(self, shape: tuple[int, ...]) -> None:
+        """A planner query about an op whose result size depends on the data gets
+        specs whose metas carry unbacked symbolic sizes, from DTensor when a
+        registry holds the op and from a downstream rule otherwise; eager DTensor
+        still refuses these calls, as stock torch does."""
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+        mesh = self.mesh(shape)
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        x = torch.randn(8, 4)
+        mask = x[:, 0] > 0
+        counts = torch.tensor([1, 0, 2, 1, 1, 3, 0, 1])
+        cases: list[tuple[torch._ops.OpOverload, tuple]] = [
+            (aten.index.Tensor, (x, [mask])),
+            (aten.repeat_interleave.self_Tensor, (x, counts, 0)),
+            (aten.nonzero.default, (x,)),
+            (aten._unique2.default, (x,)),
+            (aten.masked_select.default, (x, mask[:, None])),
+            (aten.repeat_interleave.Tensor, (counts,)),
+            (aten._local_scalar_dense.default, (x.sum(),)),
+        ]
+        for op, args in cases:
+            for mode in ("replicate", "planner"):
+                with self.subTest(op=str(op), mode=mode):
+                    schema = strategy_schema(mesh, op, args, None, mode_candidates(mode))
+                    metas = infer_output_metas(schema)
+                    leaves = [
+                        m
+                        for m in pytree.tree_leaves(metas, is_leaf=lambda m: isinstance(m, TensorMeta))
+                        if isinstance(m, TensorMeta)
+                    ]
+                    if op_has_tensor_returns(op):
+                        self.assertTrue(
+                            any(free_unbacked_symbols(m.shape) for m in leaves),
+                            f"{op}: expected an unbacked size in {metas}",
+                        )
+                        # eager DTensor keeps global shapes concrete: it refuses
+                        with self.assertRaises(DynamicOutputShapeException):
+                            infer_output_metas(schema, data_dependent=False)
+                    if strategy_registry(op) is None:
+                        with self.assertRaisesRegex(NotImplementedError, str(op)):
+                            propagator.get_op_strategy(schema)
+                        # a downstream rule for it: every input and result replicated
+                        n_in = len(tensor_inputs(schema))
+                        strategy = expand_to_full_mesh_op_strategy(
+                            mesh, schema, [[Replicate()] * (len(leaves) + n_in)],
+                            input_index=len(leaves),
+                        )
+                    else:
+                        strategy = propagator.get_op_strategy(schema)
+                    self.assert_contract(schema, strategy, metas)
+
+    def test_data_dependent_eager_refuses(self) -> None:
+        """Eager DTensor on a boolean-mask index fails as on stock torch, instead
+        of handing back a DTensor whose global shape is symbolic."""
+        mesh = self.mesh((4,))
+        x = torch.randn(8, 4)
+        dx = distribute_tensor(x, mesh, [Replicate()])
+        dmask = distribute_tensor(x[:, 0] > 0, mesh, [Replicate()])
+        with self.assertRaisesRegex(RuntimeError, "nonzero"):
+            dx[dmask]
+
+    # ---- ops whose decomposition is the only source ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_decomposition_only_ops_answer_planners(self, shape: tuple[int, ...]) -> None:
+        """Every decomposition-derived op answers a planner. Decompositions that make
+        tensors of their own (arange, scalar_tensor, full) trace; those that reach an
+        op with no strategy (as_strided, prims.fmod) answer with all-Replicate."""
+        x, y = torch.randn(8, 8), torch.randn(8, 8)
+        traced = [
+            (aten.hardswish_backward.default, (x, y)),
+            (aten.tril_.default, (x,)),
+            (aten.cumsum_.default, (x, 0)),
+            (aten.reflection_pad1d.default, (x, [1, 1])),
+            (aten.im2col.default, (x[None, None], [2, 2], [1, 1], [0, 0], [1, 1])),
+            (aten.multi_margin_loss.default, (x, torch.randint(0, 8, (8,)))),
+        ]
+        gathered = [
+            (aten.unfold.default, (x, 0, 2, 1)),
+            (aten.as_strided_copy.default, (x, [4, 4], [8, 1])),
+            (aten.floor_divide_.Tensor, (x, y)),
+            (aten.addbmm_.default, (x, torch.randn(2, 8, 3), torch.randn(2, 3, 8))),
+        ]
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        mesh = self.mesh(shape)
+        for op, args in traced + gathered:
+            self.assertEqual(strategy_registry(op), "decomposition", str(op))
+            with self.subTest(op=str(op)):
+                schema = strategy_schema(mesh, op, args, None, sampled_planner_candidates)
+                strategy = propagator.get_op_strategy(schema)
+                self.assert_contract(schema, strategy)
+                outputs = {
+                    p for spec in self.specs_of(strategy)
+                    for out in output_tuple(spec) if out is not None
+                    for p in out.placements
+                }
+                if (op, args) in gathered:
+                    self.assertEqual(outputs, {Replicate()})
+        # hardswish_backward is pointwise: its trace keeps shardings
+        schema = strategy_schema(mesh, *traced[0], None, sampled_planner_candidates)
+        strategy = propagator.get_op_strategy(schema)
+        self.assertTrue(
+            any(
+                isinstance(p, Shard)
+                for spec in self.specs_of(strategy)
+                for p in spec.output_spec.placements
+            )
+        )
 
     # ---- planner queries with candidates a strategy cannot use ----
 

@@ -9,7 +9,10 @@ all of them. For either consumer to use a spec without re-deriving anything, eac
 
 C1  Every output position whose result is a tensor holds a ``DTensorSpec`` whose
     ``tensor_meta`` equals shape inference of the op on the global inputs
-    (shape, stride and dtype).
+    (shape, stride and dtype). A size that depends on the input data (``nonzero``,
+    ``masked_select``, a boolean-mask index) is an unbacked ``SymInt``, as under
+    ``torch.compile``; metas agree when their data-dependent sizes sit in the same
+    places and combine the same way (each inference names them afresh).
 C2  Every output position whose result is ``None`` (an ``output_mask`` entry set to
     False, an optional return, a non-tensor return) holds ``None``. An op returning
     one tensor has a ``DTensorSpec``; an op with several returns a tuple with one
@@ -31,6 +34,7 @@ version of the machinery produced it.
 """
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -112,11 +116,27 @@ def _describe_spec(spec: object) -> str:
     return type(spec).__name__
 
 
+_UNBACKED_SYMBOL = re.compile(r"\bu\d+\b")
+
+
+def _size_key(size: object) -> object:
+    # Each shape inference names the data-dependent sizes it creates afresh
+    # (u0, u1, ...); only where they occur and how they combine is compared.
+    if isinstance(size, torch.SymInt):
+        concrete = size.node.maybe_as_int()
+        if concrete is not None:
+            return concrete
+        return _UNBACKED_SYMBOL.sub("u", str(size))
+    return size
+
+
 def _metas_equal(a: TensorMeta, b: TensorMeta) -> bool:
     return (
-        tuple(a.shape) == tuple(b.shape)
-        and tuple(a.stride) == tuple(b.stride)
+        len(a.shape) == len(b.shape)
+        and len(a.stride) == len(b.stride)
         and a.dtype == b.dtype
+        and all(_size_key(x) == _size_key(y) for x, y in zip(a.shape, b.shape))
+        and all(_size_key(x) == _size_key(y) for x, y in zip(a.stride, b.stride))
     )
 
 
@@ -186,18 +206,26 @@ def _to_meta(x: object) -> object:
     return None
 
 
-def infer_output_metas(op_schema: OpSchema) -> OutputMetas:
+def infer_output_metas(op_schema: OpSchema, data_dependent: bool = True) -> OutputMetas:
     """Run shape inference of ``op_schema.op`` on fake tensors built from the global input metas.
 
     Accepts runtime schemas (``DTensorSpec`` args) and strategy schemas
     (``OpStrategy``/``TupleStrategy`` args). Returns ``None`` for ops without tensor
     returns, without running them (data-dependent ops such as ``aten.equal``).
+    A result whose size depends on the data gets unbacked symbolic sizes; with
+    ``data_dependent=False`` (eager DTensor, whose global shapes must be concrete)
+    shape inference raises for it instead.
     """
     if not op_has_tensor_returns(op_schema.op):
         return None
     from torch._guards import detect_fake_mode
     from torch._subclasses import FakeTensorMode
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     device = "cpu"
     for leaf in pytree.tree_leaves((op_schema.args_schema, op_schema.kwargs_schema)):
@@ -215,17 +243,28 @@ def infer_output_metas(op_schema: OpSchema) -> OutputMetas:
             return _spec_to_fake(x, device)
         return x
 
-    # Under make_fx, this global-shape computation must not be recorded into the
-    # traced graph: it only derives metadata for the (local) computation.
-    fake_mode = detect_fake_mode() or FakeTensorMode()
-    with fake_mode, disable_proxy_modes_tracing():
-        args, kwargs = pytree.tree_map(
-            convert,
-            (op_schema.args_schema, op_schema.kwargs_schema),
-            is_leaf=lambda x: isinstance(x, (OpStrategy, TupleStrategy, DTensorSpec)),
-        )
-        out = op_schema.op(*args, **kwargs)
-    return _to_meta(out)
+    def run(fake_mode: FakeTensorMode) -> object:
+        # Under make_fx, this global-shape computation must not be recorded into
+        # the traced graph: it only derives metadata for the (local) computation.
+        with fake_mode, disable_proxy_modes_tracing():
+            args, kwargs = pytree.tree_map(
+                convert,
+                (op_schema.args_schema, op_schema.kwargs_schema),
+                is_leaf=lambda x: isinstance(x, (OpStrategy, TupleStrategy, DTensorSpec)),
+            )
+            return op_schema.op(*args, **kwargs)
+
+    ambient = detect_fake_mode()
+    if ambient is not None:
+        return _to_meta(run(ambient))
+    try:
+        return _to_meta(run(FakeTensorMode()))
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        if not data_dependent:
+            raise
+        # The result's size depends on the data (nonzero, masked_select, ...):
+        # with a ShapeEnv it comes out as an unbacked symbolic size.
+        return _to_meta(run(FakeTensorMode(shape_env=ShapeEnv())))
 
 
 class _Checker:
