@@ -30,6 +30,7 @@ from torch.distributed.tensor._op_schema import (
     StrategyType,
     TupleStrategy,
 )
+from torch.distributed.tensor._ops._strict_contract import check_strict, strict_enabled
 from torch.distributed.tensor._ops.strategy_contract import (
     element_output_metas,
     element_schema,
@@ -43,11 +44,13 @@ from torch.utils import _pytree as pytree
 
 __all__ = [
     "FinalizedStrategyFunc",
+    "StrategyContractError",
     "answering",
+    "clear_meta_cache",
+    "finalize_strategy",
+    "meta_cache_size",
     "metas_for_builder",
     "output_metas_by_position",
-    "StrategyContractError",
-    "finalize_strategy",
     "output_metas_for",
     "resolve_output_metas",
     "specs_per_candidate",
@@ -126,6 +129,17 @@ def output_metas_for(op_schema: OpSchema) -> OutputMetas:
             _meta_cache.pop(next(iter(_meta_cache)))
         _meta_cache[key] = metas
     return metas
+
+
+def clear_meta_cache() -> None:
+    """Forget every cached shape inference (``debug._clear_sharding_prop_cache`` calls this)."""
+    with _meta_cache_lock:
+        _meta_cache.clear()
+
+
+def meta_cache_size() -> int:
+    """How many shape inferences are cached (at most ``_META_CACHE_SIZE``)."""
+    return len(_meta_cache)
 
 
 def _meta_fits(ret_type: str, meta: object) -> bool:
@@ -568,6 +582,16 @@ def finalize_strategy(
             :func:`output_metas_for`).
         source: the strategy's name, for error messages.
     """
+    if strict_enabled():
+        finalized = _finalize(op_schema, strategy, output_metas, source)
+        check_strict(op_schema, strategy, finalized, output_metas, source)
+        return finalized
+    return _finalize(op_schema, strategy, output_metas, source)
+
+
+def _finalize(
+    op_schema: OpSchema, strategy: StrategyType, output_metas: OutputMetas, source: str
+) -> StrategyType:
     finalizer = _Finalizer(op_schema, source)
     if isinstance(strategy, OpStrategy):
         return finalizer.op_strategy(strategy, tensor_inputs(op_schema), output_metas)
