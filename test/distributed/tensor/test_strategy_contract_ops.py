@@ -710,6 +710,32 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                         self.assertIsNone(spec.output_specs, f"OpSpec {i}")
                         self.assertEqual(len(spec.input_specs), len(args))
 
+    # ---- shared strategy helpers called directly ----
+
+    @parametrize("shape", MESHES, name_fn=mesh_name)
+    def test_shared_helpers_called_directly(self, shape: tuple[int, ...]) -> None:
+        """The helpers a downstream rule author calls with an op schema hand out
+        complete specs without any registry around them."""
+        from torch.distributed.tensor._ops import _matrix_ops, _tensor_ops, utils
+
+        mesh = self.mesh(shape)
+        a, b, c = torch.randn(8, 12), torch.randn(12, 4), torch.randn(8, 4)
+        cases = [
+            ("replicate_op_strategy", aten.mm.default, (a, b), utils.replicate_op_strategy),
+            ("propagate_single_input_strategy", aten.clone.default, (a,),
+             _tensor_ops.propagate_single_input_strategy),
+            ("replica_only_strategy", aten.clone.default, (a,), _tensor_ops.replica_only_strategy),
+            ("_mm_like_strategy", aten.mm.default, (a, b),
+             lambda s: _matrix_ops._mm_like_strategy("mk,kn->mn", mesh, s)),
+            ("_addmm_like_strategy", aten.addmm.default, (c, a, b),
+             lambda s: _matrix_ops._addmm_like_strategy("mk,kn->mn", mesh, s)),
+        ]
+        for name, op, args, helper in cases:
+            for mode in MODES:
+                with self.subTest(helper=name, mode=mode):
+                    schema = strategy_schema(mesh, op, args, None, mode_candidates(mode))
+                    self.assert_contract(schema, helper(schema))
+
     # ---- calls that leave optional arguments out ----
 
     @parametrize("shape", MESHES, name_fn=mesh_name)

@@ -315,10 +315,10 @@ def count_inferences(propagator: ShardingPropagator) -> Iterator[InferenceCounts
     original = strategy_contract.infer_output_metas
     counts = InferenceCounts()
 
-    def counting_infer(op_schema: OpSchema) -> Any:
+    def counting_infer(op_schema: OpSchema, *args: Any, **kwargs: Any) -> Any:
         if op_has_tensor_returns(op_schema.op):
             counts.inferred.append(op_schema)
-        return original(op_schema)
+        return original(op_schema, *args, **kwargs)
 
     original_query = propagator._propagate_tensor_meta_non_cached
 

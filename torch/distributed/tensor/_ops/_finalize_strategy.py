@@ -47,6 +47,7 @@ __all__ = [
     "StrategyContractError",
     "answering",
     "clear_meta_cache",
+    "complete_for_caller",
     "finalize_strategy",
     "meta_cache_size",
     "metas_for_builder",
@@ -300,6 +301,25 @@ def metas_for_builder(op_schema: OpSchema, given: object) -> OutputMetas:
     except Exception as e:
         logger.debug("%s: no output metas for the specs built (%s)", op_schema.op, e)
         return _UNKNOWN
+
+
+def complete_for_caller(
+    op_schema: OpSchema, strategy: StrategyType, source: str
+) -> StrategyType:
+    """``strategy`` completed, when a helper that built it is called directly.
+
+    Strategy helpers shared across ops (``propagate_single_input_strategy``, the
+    mm-like builders, ...) leave output metas to the registry exit when a registered
+    strategy calls them for the query being answered. Called by anyone else (a
+    downstream rule), they finalize here, with cached shape inference.
+    """
+    current = _query_metas.get()
+    if current is not None and current[0] is op_schema:
+        return strategy
+    metas = metas_for_builder(op_schema, None)
+    if metas is _UNKNOWN:
+        return strategy
+    return finalize_strategy(op_schema, strategy, metas, source)
 
 
 def output_metas_by_position(
