@@ -1355,7 +1355,7 @@ def make_parser() -> argparse.ArgumentParser:
     p_stack = sub.add_parser("check-stack", parents=[common], help=cmd_check_stack.__doc__)
     p_stack.add_argument("--python", help="interpreter to run the tests with (default: the stock venv's)")
     p_stack.add_argument("--steps", help="comma-separated step slugs to test (default: every step)")
-    p_stack.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per step (default 1200)")
+    p_stack.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per step (default 3600: the last step runs the whole contract suite)")
     p_stack.add_argument("--no-report", action="store_true", help="do not update reports/stack.json")
     p_stack.add_argument("--skip-final-tests", action="store_true",
                          help="last step: import check only (its tree is the combined change `make test` tests)")

@@ -658,7 +658,7 @@ def check_stack(
     python: Path,
     log: Callable[[str], None],
     only: Sequence[str] = (),
-    timeout: float = 1200.0,
+    timeout: float = 3600.0,
     report_path: Path | None = None,
     manifest_path: Path | None = None,
     skip_final_tests: bool = False,
