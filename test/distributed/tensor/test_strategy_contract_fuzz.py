@@ -970,6 +970,23 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         ),
         stock=True,
     ),
+    KnownFailure(
+        ops=("aten.reshape.default",),
+        exception="IndexError",
+        message="list index out of range",
+        reason=(
+            "reshape_strategy's normalize_sizes indexes the target shape, which is "
+            "empty when a 0-d tensor is reshaped to []; stock too (view and "
+            "_unsafe_view answer the same call)"
+        ),
+        reproducer=(
+            "x = T[] float32, mesh (2,), all Replicate: get_op_strategy(strategy_schema("
+            "mesh, aten.reshape.default, (x, []))) raises IndexError (stock's "
+            "propagate_op_sharding_non_cached too)"
+        ),
+        stock=True,
+        applies=lambda case, kind: len(case.args[0].shape) == 0,
+    ),
 )
 
 # Calls whose query never returns, each with a cheap test whether a case is one
@@ -1092,7 +1109,7 @@ def _drop_meta_on_size1(strategy: StrategyType) -> StrategyType:
     def fix(spec: OpSpec) -> None:
         outs = spec.output_specs
         if isinstance(outs, DTensorSpec) and outs.tensor_meta is not None and 1 in outs.tensor_meta.shape:
-            spec.output_specs = outs.shallow_copy_with_tensor_meta(None)
+            spec.output_specs = DTensorSpec(outs.mesh, outs.placements, tensor_meta=None)
 
     for child in strategy.children if isinstance(strategy, TupleStrategy) else [strategy]:
         if isinstance(child, OpStrategy) and child.mesh.ndim >= 2:
@@ -1118,7 +1135,7 @@ def _copy_input_meta(strategy: StrategyType) -> StrategyType:
         for spec in child.strategies:
             outs = spec.output_specs
             if isinstance(outs, DTensorSpec) and spec.input_specs:
-                spec.output_specs = outs.shallow_copy_with_tensor_meta(spec.input_specs[0].tensor_meta)
+                spec.output_specs = DTensorSpec(outs.mesh, outs.placements, tensor_meta=spec.input_specs[0].tensor_meta)
     return strategy
 
 
