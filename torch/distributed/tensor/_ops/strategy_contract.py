@@ -377,11 +377,11 @@ class _Checker:
                 )
                 continue
             for c in row:
-                try:
-                    value = float(c)
-                except (TypeError, ValueError):
-                    # Symbolic costs (dynamic shapes) cannot be judged here.
+                if isinstance(c, (torch.SymFloat, torch.SymInt)):
+                    # A symbolic cost (dynamic shapes) is not judged: reading its
+                    # value would add a guard to the trace being checked.
                     continue
+                value = float(c)
                 if math.isnan(value) or value < 0:
                     self.add("C4", index, where, "finite non-negative costs or inf", repr(value), child)
                     break
