@@ -10,6 +10,7 @@
 #   make test             build, then run tools/test and test/distributed/tensor
 #   make audit            build, then run tools.audit (STRICT=1, OPS=...)
 #   make bench            build, then run tools.bench, stock vs built (STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
+#   make lint             ruff, flake8 and mypy on what the change touches (tools/lint.py; linters in .venv-lint)
 #   make clean            remove both venvs and dist/
 
 PYTHON ?= python3.11
@@ -46,6 +47,20 @@ audit: build
 
 bench: build
 	$(VENV)/bin/python -m tools.bench --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python $(if $(STRICT),--strict) $(if $(BENCH),--bench "$(BENCH)") $(if $(REPEATS),--repeats $(REPEATS)) $(if $(QUICK),--quick)
+
+LINT_VENV ?= .venv-lint
+
+.PHONY: lint
+
+# The pinned linters live in their own venv, rebuilt when requirements/lint.txt changes.
+$(LINT_VENV)/.installed: requirements/lint.txt
+	rm -rf $(LINT_VENV)
+	$(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/pip install -q --disable-pip-version-check $(PIP_ARGS) -r requirements/lint.txt
+	touch $@
+
+lint: build $(LINT_VENV)/.installed
+	$(PYTHON) tools/lint.py --venv $(VENV) --lint-venv $(LINT_VENV)
 
 clean:
 	rm -rf $(VENV) $(STOCK_VENV) dist

@@ -10,8 +10,11 @@ import importlib.util
 import json
 import os
 import sys
-from pathlib import Path
-from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import ModuleType
+    from pathlib import Path
 
 
 def load_by_path(name: str, path: Path) -> ModuleType:

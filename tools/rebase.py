@@ -34,8 +34,11 @@ import tempfile
 import textwrap
 import zipfile
 from pathlib import Path
-from types import ModuleType
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 #: Members of the newer wheel the rebase reads.
 SOURCE_PREFIXES: tuple[str, ...] = ("torch/distributed/tensor/", "torch/testing/_internal/distributed/")

@@ -57,7 +57,7 @@ class Progress:
     """One status line for both workers (a bar on a TTY, sparse lines otherwise)."""
 
     def __init__(self, roles: list[str], stream=sys.stderr) -> None:
-        self.state = {r: ("starting", 0, 0) for r in roles}
+        self.state = dict.fromkeys(roles, ("starting", 0, 0))
         self.stream = stream
         self.tty = stream.isatty()
         self.lock = threading.Lock()
@@ -160,7 +160,7 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kin
         logs[role] = build_dir / f"{prefix}{role}.{os.getpid()}.log"
         cmd = command(pythons[role], role, out, args)
         started = time.monotonic()
-        logf = open(logs[role], "w")
+        logf = open(logs[role], "w")  # noqa: SIM115 (closed by the pump thread once the worker ends)
         logf.write("$ " + " ".join(cmd) + "\n")
         logf.flush()
         proc = subprocess.Popen(
@@ -169,7 +169,8 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kin
         procs[role] = proc
 
         def pump(role=role, proc=proc, logf=logf, started=started):
-            assert proc.stderr is not None
+            if proc.stderr is None:
+                raise RuntimeError("worker started without a stderr pipe")
             for line in proc.stderr:
                 logf.write(line)
                 m = PROGRESS_RE.match(line.strip())

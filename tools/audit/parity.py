@@ -33,10 +33,13 @@ import time
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, TYPE_CHECKING
 
 from tools._modules import write_json_atomically
 from tools.audit.worker import OpFilter, _raised_at, all_opinfos, opinfo_label
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 OUTCOMES = ("same", "wrong", "raised", "skipped")

@@ -32,12 +32,14 @@ import time
 import traceback
 import warnings
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from tools._modules import load_by_path, write_json_atomically
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -200,7 +202,7 @@ class Call:
 
     @property
     def qid(self) -> str:
-        return hashlib.sha1(self.key.encode()).hexdigest()[:12]
+        return hashlib.sha1(self.key.encode(), usedforsecurity=False).hexdigest()[:12]
 
 
 class CaptureMode:

@@ -104,7 +104,7 @@ def run_worker(
                               timeout=args.timeout)
     except subprocess.TimeoutExpired:
         raise SystemExit(f"bench {bench} repeat {repeat + 1} {role}: worker timed out after "
-                         f"{args.timeout} s\n  command: {shlex.join(cmd)}")
+                         f"{args.timeout} s\n  command: {shlex.join(cmd)}") from None
     if proc.returncode != 0 or not out.exists() or not info.exists():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
         raise SystemExit(f"bench {bench} repeat {repeat + 1} {role}: worker failed "

@@ -23,16 +23,13 @@ from __future__ import annotations
 import math
 import operator
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 import torch.fx
 from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._decompositions import DecompShardingStrategy
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -50,6 +47,11 @@ from torch.distributed.tensor._ops.utils import (
 )
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils import _pytree as pytree
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from types import ModuleType
+    from collections.abc import Callable, Sequence
 
 
 Placements = tuple[Placement, ...]
@@ -180,7 +182,8 @@ class PlannerWalk:
 
     def schema_for(self, node: torch.fx.Node) -> OpSchema:
         op = node.target
-        assert isinstance(op, OpOverload)
+        if not isinstance(op, OpOverload):
+            raise TypeError(f"{node.format_node()}: target {op!r} is not an OpOverload")
         if self.registry(op) == "decomposition":
             self.propagator.decomp_strategy.ensure_schema_info(op)
         info = self.propagator.op_to_schema_info.get(
@@ -257,7 +260,8 @@ class PlannerWalk:
 
     def visit(self, node: torch.fx.Node) -> None:
         op = node.target
-        assert isinstance(op, OpOverload)
+        if not isinstance(op, OpOverload):
+            raise TypeError(f"{node.format_node()}: target {op!r} is not an OpOverload")
         self.stats.nodes += 1
         schema = self.schema_for(node)
         inputs = self.tensor_inputs(schema)

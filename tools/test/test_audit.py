@@ -644,7 +644,7 @@ class TestAuditSubprocess(TestCase):
             doc = json.loads(out.read_text())
         self.assertEqual(sorted(doc["ops"]), ["add", "mm", "nn.functional.relu"])
         self.assertEqual(doc["counts"], {"same": 3, "wrong": 0, "raised": 0, "skipped": 0})
-        for name, rec in doc["ops"].items():
+        for rec in doc["ops"].values():
             self.assertEqual(rec["outcome"], "same", rec)
             self.assertEqual(len(rec["samples"]), 2)
             self.assertGreater(rec["dtensor_s"], 0)

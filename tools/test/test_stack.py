@@ -24,9 +24,9 @@ from pathlib import Path
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_build as tb  # noqa: E402  (the fake trees and the build tool under test)
+import test_build as tb
 
-from torch.testing._internal.common_utils import run_tests, TestCase  # noqa: E402
+from torch.testing._internal.common_utils import run_tests, TestCase
 
 bt = tb.bt
 stack = bt._load_tool("stack")
@@ -187,7 +187,8 @@ class ExportStackTest(StackTestCase):
         subprocess.run(["git", "add", "."], cwd=tree, check=True, env=env)
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", "base"],
                        cwd=tree, check=True, env=env)
-        subprocess.run(["git", "am", "-q", "--keep-non-patch", *[str(out / "stack" / n) for n in names]], cwd=tree, check=True, env=env)
+        series = [str(out / "stack" / n) for n in names]
+        subprocess.run(["git", "am", "-q", "--keep-non-patch", *series], cwd=tree, check=True, env=env)
         log = subprocess.run(["git", "log", "--format=%s"], cwd=tree, check=True, env=env, capture_output=True, text=True)
         self.assertEqual(log.stdout.split("\n")[:3], ["[DTensor] step api", "[DTensor] step prop", "[DTensor] step contract"])
         combined = self.tmp / "combined"
@@ -322,7 +323,8 @@ class RebaseTest(StackTestCase):
 
     def test_conflict_fails_then_a_recorded_resolution_is_used_and_checked(self) -> None:
         self.release(tb.UPSTREAM[PROP].replace("return x + 7\n", "return x + 7  # upstream moved on\n"))
-        with self.assertRaisesRegex(bt.BuildError, r"1 conflict\(s\)[\s\S]*rebase/9\.9\.9/torch/distributed/tensor/_sharding_prop\.py\.patch is missing"):
+        missing = r"rebase/9\.9\.9/torch/distributed/tensor/_sharding_prop\.py\.patch is missing"
+        with self.assertRaisesRegex(bt.BuildError, r"1 conflict\(s\)[\s\S]*" + missing):
             rebase.export_rebased_stack(self.sources, self.targets, self.VERSION, self.tmp / "out", lambda _: None)
         work = rebase.start_resolution(self.sources, self.targets, self.VERSION, PROP, self.tmp / "work", lambda _: None)
         self.assertIn("<<<<<<<", work.read_text())

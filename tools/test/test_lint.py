@@ -1,0 +1,111 @@
+# Owner(s): ["oncall: distributed"]
+"""Tests for `make lint`'s bookkeeping (tools/lint.py): which lines of a patched
+upstream file count as the change's, and how linter output is read.
+
+Run with ``.venv/bin/python -m pytest tools/test`` or as a script.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import lint
+
+
+PATCH = textwrap.dedent(
+    """\
+    --- a/torch/distributed/tensor/x.py
+    +++ b/torch/distributed/tensor/x.py
+    @@ -1,4 +1,5 @@
+     import a
+    +import b
+     import c
+    -import d
+    +import e
+     x = 1
+    @@ -20,2 +21,4 @@
+     def f():
+    -    return 1
+    +    # --- looks like a header, is an added line
+    +    return 2
+    +    # tail
+    \\ No newline at end of file
+    """
+)
+
+
+class AddedLinesTest(unittest.TestCase):
+    def test_added_lines_are_numbered_in_the_new_file(self) -> None:
+        # hunk 1: new lines 1 a, 2 +b, 3 c, 4 +e, 5 x = 1; hunk 2 starts at 21
+        self.assertEqual(lint.added_lines(PATCH), {2, 4, 22, 23, 24})
+
+    def test_removed_lines_that_look_like_headers(self) -> None:
+        patch = "--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n---- removed\n++++ added\n keep\n"
+        self.assertEqual(lint.added_lines(patch), {1})
+
+    def test_pure_deletion_adds_nothing(self) -> None:
+        patch = "--- a/x.py\n+++ b/x.py\n@@ -3,2 +3,1 @@\n keep\n-gone\n"
+        self.assertEqual(lint.added_lines(patch), set())
+
+    def test_keep_added_filters_patched_files_only(self) -> None:
+        def at(path: str, line: int) -> lint.Finding:
+            return lint.Finding(path, line, 1, "ruff", "F401", "unused")
+
+        upstream = "torch/distributed/tensor/x.py"
+        findings = [at(upstream, 2), at(upstream, 3), at(upstream, 23), at("tools/a.py", 3)]
+        kept, dropped = lint.keep_added(findings, {upstream: lint.added_lines(PATCH)})
+        self.assertEqual(kept, [at(upstream, 2), at(upstream, 23), at("tools/a.py", 3)])
+        self.assertEqual(dropped, 1)
+
+
+class ParseTest(unittest.TestCase):
+    TO_REL = {"/venv/site-packages/torch/x.py": "torch/x.py"}
+
+    def test_flake8(self) -> None:
+        out = "/venv/site-packages/torch/x.py:7:1: B950 line too long (140 > 120 characters)\nnoise\n"
+        self.assertEqual(
+            lint.parse_flake8(out, self.TO_REL),
+            [lint.Finding("torch/x.py", 7, 1, "flake8", "B950", "line too long (140 > 120 characters)")],
+        )
+
+    def test_ruff(self) -> None:
+        out = json.dumps(
+            [{"code": "F401", "filename": "tools/a.py", "location": {"row": 3, "column": 8}, "message": "`os` unused"}]
+        )
+        self.assertEqual(lint.parse_ruff(out, {}), [lint.Finding("tools/a.py", 3, 8, "ruff", "F401", "`os` unused")])
+
+    def test_mypy_errors_only(self) -> None:
+        out = (
+            "/venv/site-packages/torch/x.py:5:3: error: Incompatible return value type  [return-value]\n"
+            "/venv/site-packages/torch/x.py:5:3: note: a note\n"
+            "tools/a.py: error: Source file found twice  [misc]\n"
+        )
+        self.assertEqual(
+            lint.parse_mypy(out, self.TO_REL),
+            [
+                lint.Finding("torch/x.py", 5, 3, "mypy", "return-value", "Incompatible return value type"),
+                lint.Finding("tools/a.py", 0, 0, "mypy", "misc", "Source file found twice"),
+            ],
+        )
+
+
+class CollectTest(unittest.TestCase):
+    def test_repo_targets(self) -> None:
+        site = lint.ROOT / ".venv" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+        if not (site / "torch").is_dir():
+            self.skipTest("no built .venv")
+        targets = lint.collect(lint.ROOT, site)
+        self.assertIn("tools/lint.py", targets.repo_files)
+        self.assertIn("torch/distributed/tensor/_sharding_prop.py", targets.patched)
+        self.assertIn("torch.distributed.tensor._sharding_prop", targets.mypy_modules)
+        self.assertIn("torch.distributed.tensor.debug", targets.mypy_modules)
+        self.assertFalse(any(m.startswith(("torch.testing._internal", "test.")) for m in targets.mypy_modules))
+
+
+if __name__ == "__main__":
+    unittest.main()
