@@ -60,7 +60,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 REPO_ROOT: Path = Path(__file__).resolve().parent.parent
 SCRIPT_PATH: Path = Path(__file__).resolve()
@@ -346,7 +347,7 @@ def parse_patch(text: str, source: str) -> FilePatch:
         header = lines[i].rstrip("\n")
         match = _HUNK_RE.match(header)
         if match is None:
-            if header.startswith("--- ") or header.startswith("diff "):
+            if header.startswith(("--- ", "diff ")):
                 raise BuildError(f"{source}:{i + 1}: a second file starts here; use one patch file per upstream file")
             raise BuildError(f"{source}:{i + 1}: expected a `@@ -l,s +l,s @@` hunk header, found {header!r}")
         old_start, old_count, new_start, new_count = (
@@ -1145,7 +1146,10 @@ def ensure_venvs(
     for venv, proc, pip_log in running:
         if proc.wait() != 0:
             tail = pip_log.read_text(errors="replace").splitlines()[-25:]
-            failures.append(f"pip install into {venv} failed (exit {proc.returncode}); last lines of {pip_log}:\n    " + "\n    ".join(tail))
+            failures.append(
+                f"pip install into {venv} failed (exit {proc.returncode}); last lines of {pip_log}:\n    "
+                + "\n    ".join(tail)
+            )
             continue
         target = venv_target(venv)
         find_record(target.site)
@@ -1355,7 +1359,8 @@ def make_parser() -> argparse.ArgumentParser:
     p_stack = sub.add_parser("check-stack", parents=[common], help=cmd_check_stack.__doc__)
     p_stack.add_argument("--python", help="interpreter to run the tests with (default: the stock venv's)")
     p_stack.add_argument("--steps", help="comma-separated step slugs to test (default: every step)")
-    p_stack.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per step (default 3600: the last step runs the whole contract suite)")
+    p_stack.add_argument("--timeout", type=float, default=3600.0,
+                         help="seconds allowed per step (default 3600: the last step runs the whole contract suite)")
     p_stack.add_argument("--no-report", action="store_true", help="do not update reports/stack.json")
     p_stack.add_argument("--skip-final-tests", action="store_true",
                          help="last step: import check only (its tree is the combined change `make test` tests)")

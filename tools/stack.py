@@ -41,8 +41,11 @@ import tempfile
 import time
 import tomllib
 from pathlib import Path
-from types import ModuleType
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from types import ModuleType
 
 BUILD_TOOL_MODULE = "dtensor_build_tool"
 MANIFEST_NAME = "stack.toml"
@@ -211,7 +214,9 @@ def _is_test(rel: str) -> bool:
     return rel.startswith("test/") and Path(rel).name.startswith("test_") and rel.endswith(".py")
 
 
-def assign_files(manifest: Manifest, changed: Sequence[str], hunk_counts: Mapping[str, int]) -> dict[str, dict[int, frozenset[int] | None]]:
+def assign_files(
+    manifest: Manifest, changed: Sequence[str], hunk_counts: Mapping[str, int]
+) -> dict[str, dict[int, frozenset[int] | None]]:
     """Map each changed file to {step index: hunks (None = whole file)}.
 
     Exact paths win over globs; a file must be placed by exactly one exact
@@ -245,7 +250,8 @@ def assign_files(manifest: Manifest, changed: Sequence[str], hunk_counts: Mappin
             else:
                 slot = exact.setdefault(entry, {})
                 if slot:
-                    problems.append(f"{entry} is placed by two steps ({', '.join(manifest.steps[i].slug for i in slot)} and {spec.slug})")
+                    earlier = ", ".join(manifest.steps[i].slug for i in slot)
+                    problems.append(f"{entry} is placed by two steps ({earlier} and {spec.slug})")
                 slot[index] = None
     placed: dict[str, dict[int, frozenset[int] | None]] = {}
     unassigned: list[str] = []
@@ -697,7 +703,7 @@ def check_stack(
             log(f"check-stack: {status} {step.number}/{stack.total} {step.slug}: {run.summary} ({run.seconds} s)")
             if not run.ok:
                 log("    " + run.output_tail.replace("\n", "\n    "))
-        final = {rel: data for rel, data in stack.steps[-1].after.items()}
+        final = dict(stack.steps[-1].after)
         if final != dict(stack.results):
             raise BuildError("the stack's last step differs from dist's combined patch")
     if report_path is not None:
