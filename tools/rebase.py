@@ -34,10 +34,11 @@ import tempfile
 import textwrap
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from types import ModuleType
 
 #: Members of the newer wheel the rebase reads.
@@ -280,12 +281,12 @@ def rebase_file(root: Path, rel: str, version: str, base: bytes, ours: bytes, th
 
 @dataclasses.dataclass(frozen=True)
 class Rebased:
-    steps: tuple[object, ...]
+    steps: tuple[Any, ...]
     originals: Mapping[str, bytes]
     how: Mapping[str, str]
 
 
-def rebase_stack(sources: object, targets: Sequence[object], version: str, log: Log) -> Rebased:
+def rebase_stack(sources: Any, targets: Sequence[Any], version: str, log: Log) -> Rebased:
     """Every step of the current stack, its before/after trees rebased onto ``version``."""
     stack = st.derive_stack(sources, targets)
     upstream = release_sources(version, log)
@@ -378,7 +379,7 @@ def unresolved_imports(tree: Mapping[str, bytes], files: Sequence[str], packages
     return problems
 
 
-def export_rebased_stack(sources: object, targets: Sequence[object], version: str, out_dir: Path, log: Log) -> list[Path]:
+def export_rebased_stack(sources: Any, targets: Sequence[Any], version: str, out_dir: Path, log: Log) -> list[Path]:
     """Write ``out_dir`` (the stack on ``version``) and check it with git patch by patch."""
     rebased = rebase_stack(sources, targets, version, log)
     kept = []
@@ -405,7 +406,7 @@ def export_rebased_stack(sources: object, targets: Sequence[object], version: st
     return written
 
 
-def rebase_results(root: Path, step: object, version: str, how: Mapping[str, str]) -> str:
+def rebase_results(root: Path, step: Any, version: str, how: Mapping[str, str]) -> str:
     """The rebased step's Results: that it is untested there, and what the rebase changed in its files."""
     lines = [untested_note(version)]
     for rel in step.changed:
@@ -430,7 +431,7 @@ def untested_note(version: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _inputs_for(sources: object, targets: Sequence[object], version: str, rel: str, log: Log) -> dict[str, bytes]:
+def _inputs_for(sources: Any, targets: Sequence[Any], version: str, rel: str, log: Log) -> dict[str, bytes]:
     stack = st.derive_stack(sources, targets)
     if rel not in sources.patches():
         raise BuildError(f"{rel} is not patched by the change (patches/{rel}.patch); only patched files are merged")
@@ -440,7 +441,7 @@ def _inputs_for(sources: object, targets: Sequence[object], version: str, rel: s
     return {"base": stack.originals[rel], "ours": stack.results[rel], "theirs": upstream[rel]}
 
 
-def start_resolution(sources: object, targets: Sequence[object], version: str, rel: str, work: Path, log: Log) -> Path:
+def start_resolution(sources: Any, targets: Sequence[Any], version: str, rel: str, work: Path, log: Log) -> Path:
     """Write the conflicted (or clean) merge of ``rel`` to ``work`` for an engineer to edit."""
     inputs = _inputs_for(sources, targets, version, rel, log)
     merged = merge3(rel, inputs["base"], inputs["ours"], inputs["theirs"], version)
@@ -452,7 +453,7 @@ def start_resolution(sources: object, targets: Sequence[object], version: str, r
 
 
 def record_resolution(
-    sources: object, targets: Sequence[object], version: str, rel: str, edited: Path, note: str, log: Log
+    sources: Any, targets: Sequence[Any], version: str, rel: str, edited: Path, note: str, log: Log
 ) -> Path:
     """Store ``edited`` as the resolution of ``rel`` (a diff against ``version``'s file)."""
     inputs = _inputs_for(sources, targets, version, rel, log)

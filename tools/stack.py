@@ -41,7 +41,7 @@ import tempfile
 import time
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -285,7 +285,7 @@ def assign_files(
     return placed
 
 
-def derive_stack(sources: object, targets: Sequence[object], manifest_path: Path | None = None) -> Stack:
+def derive_stack(sources: Any, targets: Sequence[Any], manifest_path: Path | None = None) -> Stack:
     """The stack for the repo as it is now (see the module docstring)."""
     manifest = load_manifest(manifest_path or sources.root / "tools" / MANIFEST_NAME)
     _, originals, results = bt.build_export_patch(sources, targets)
@@ -376,7 +376,7 @@ def _fill(text: str, values: Mapping[str, str], where: str) -> str:
     return re.sub(r"\{([a-z_]+)\}", repl, text)
 
 
-def check_stack_result(step: Step, report: Mapping[str, object] | None) -> str:
+def check_stack_result(step: Step, report: Mapping[str, Any] | None) -> str:
     """What ``make check-stack`` measured for exactly this step's content, or why there is nothing."""
     entry = None if report is None else report.get("steps", {}).get(step.slug)  # type: ignore[union-attr]
     if not isinstance(entry, dict):
@@ -445,7 +445,7 @@ def _author_and_date(root: Path) -> tuple[str, str]:
     return "DTensor strategy contract <noreply@localhost>", "Thu, 1 Jan 1970 00:00:00 +0000"
 
 
-def placeholder_values(sources: object, step: Step, report: Mapping[str, object] | None) -> dict[str, str]:
+def placeholder_values(sources: Any, step: Step, report: Mapping[str, Any] | None) -> dict[str, str]:
     return {
         "check_stack": check_stack_result(step, report),
         "audit": bt._audit_tables(sources.audit_report).strip(),
@@ -453,7 +453,7 @@ def placeholder_values(sources: object, step: Step, report: Mapping[str, object]
     }
 
 
-def load_stack_report(path: Path) -> dict[str, object] | None:
+def load_stack_report(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
@@ -502,10 +502,10 @@ def verify_series(
                         f"`git apply {' '.join(args)}` rejected {patch_file.name} on torch {base} with the earlier "
                         f"steps applied:\n{proc.stderr.strip()}"
                     )
-            for rel, data in expected.items():
+            for rel, want in expected.items():
                 path = root / rel
                 got = path.read_bytes() if path.is_file() else None
-                if got != data:
+                if got != want:
                     raise BuildError(f"after {patch_file.name}, git's {rel} differs from the stack's")
 
 
@@ -536,7 +536,7 @@ def write_series(
     return written
 
 
-def export_stack(sources: object, targets: Sequence[object], out_dir: Path, log: Callable[[str], None]) -> list[Path]:
+def export_stack(sources: Any, targets: Sequence[Any], out_dir: Path, log: Callable[[str], None]) -> list[Path]:
     """Write and verify ``out_dir`` (the numbered patches of torch's own version)."""
     stack = derive_stack(sources, targets)
     report = load_stack_report(sources.root / "reports" / STACK_REPORT_NAME)
@@ -644,7 +644,8 @@ def run_step(python: Path, overlay: Path, work: Path, step: Step, timeout: float
         proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
         output, code = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
-        output, code = f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after {timeout:.0f} s", -1
+        partial = [b.decode(errors="replace") if isinstance(b, bytes) else (b or "") for b in (exc.stdout, exc.stderr)]
+        output, code = f"{''.join(partial)}\ntimed out after {timeout:.0f} s", -1
     seconds = round(time.monotonic() - started, 1)
     if step.tests:
         match = None
@@ -658,8 +659,8 @@ def run_step(python: Path, overlay: Path, work: Path, step: Step, timeout: float
 
 
 def check_stack(
-    sources: object,
-    targets: Sequence[object],
+    sources: Any,
+    targets: Sequence[Any],
     stock_site: Path,
     python: Path,
     log: Callable[[str], None],
