@@ -19,7 +19,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast, TypeVar
 
 from torch._ops import OpOverload
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -176,7 +176,7 @@ def _fits_returns(op_schema: OpSchema, metas: object) -> bool:
     # Every list result has one entry per element of the op's list arguments.
     n = _list_length(op_schema)
     lists = [metas] if len(returns) == 1 else [
-        m for r, m in zip(returns, metas) if r.startswith("List[")
+        m for r, m in zip(returns, cast(Sequence[object], metas)) if r.startswith("List[")
     ]
     return n is None or all(len(m) == n for m in lists)  # type: ignore[arg-type]
 
@@ -298,14 +298,17 @@ def metas_for_builder(op_schema: OpSchema, given: object) -> OutputMetas:
         return _UNKNOWN if given is None else given  # type: ignore[return-value]
     try:
         return resolve_output_metas(op_schema, given)
-    except Exception as e:
-        logger.debug("%s: no output metas for the specs built (%s)", op_schema.op, e)
+    except Exception:
+        logger.debug("%s: no output metas for the specs built", op_schema.op, exc_info=True)
         return _UNKNOWN
 
 
+_StrategyT = TypeVar("_StrategyT", bound=StrategyType)
+
+
 def complete_for_caller(
-    op_schema: OpSchema, strategy: StrategyType, source: str
-) -> StrategyType:
+    op_schema: OpSchema, strategy: _StrategyT, source: str
+) -> _StrategyT:
     """``strategy`` completed, when a helper that built it is called directly.
 
     Strategy helpers shared across ops (``propagate_single_input_strategy``, the
@@ -319,7 +322,7 @@ def complete_for_caller(
     metas = metas_for_builder(op_schema, None)
     if metas is _UNKNOWN:
         return strategy
-    return finalize_strategy(op_schema, strategy, metas, source)
+    return cast(_StrategyT, finalize_strategy(op_schema, strategy, metas, source))
 
 
 def output_metas_by_position(
@@ -337,7 +340,7 @@ def output_metas_by_position(
     if isinstance(metas, TensorMeta):
         return [metas] if n_outputs == 1 else None
     if len(metas) == n_outputs and all(m is None or isinstance(m, TensorMeta) for m in metas):
-        return list(metas)
+        return cast(list[TensorMeta | None], list(metas))
     return None
 
 
@@ -371,7 +374,8 @@ def _insert_out_specs(
     )
     result: list[DTensorSpec | None] = list(input_specs)
     for i, position in enumerate(out_positions):
-        result.insert(position, outs[i] if i < len(outs) else None)
+        out = outs[i] if i < len(outs) else None
+        result.insert(position, out if isinstance(out, DTensorSpec) else None)
     return result
 
 
@@ -509,7 +513,10 @@ class _Finalizer:
         out_positions = _out_tensor_positions(self.op_schema)
         if out_positions and len(input_specs) == len(inputs) - len(out_positions):
             # ``out=`` tensors are written with the output's placements.
-            input_specs = _insert_out_specs(input_specs, out_positions, spec.output_specs)
+            input_specs = cast(
+                list[DTensorSpec],
+                _insert_out_specs(input_specs, out_positions, spec.output_specs),
+            )
         if len(input_specs) != len(inputs):
             raise self.error(
                 index,
@@ -694,4 +701,3 @@ class FinalizedStrategyFunc:
 
     def __repr__(self) -> str:
         return f"FinalizedStrategyFunc({self.func!r})"
-

@@ -58,9 +58,9 @@ ENV_VAR = "TORCH_DTENSOR_STRICT_STRATEGY_CONTRACT"
 
 # A context variable, so that a thread (or task) switching strict mode on does not
 # switch it on for the others.
+_STRICT_FROM_ENV = os.environ.get(ENV_VAR, "0") not in ("", "0")
 _strict: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "_strict_strategy_contract",
-    default=os.environ.get(ENV_VAR, "0") not in ("", "0"),
+    "_strict_strategy_contract", default=_STRICT_FROM_ENV
 )
 
 

@@ -37,7 +37,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, cast, TypeAlias
 
 import torch
 from torch._ops import OpOverload
@@ -182,7 +182,7 @@ def element_output_metas(op: OpOverload, output_metas: OutputMetas, index: int) 
     returns = op._schema.returns
     if len(returns) == 1:
         # A single List[Tensor] return: element i is the i-th tensor.
-        return output_metas[index]
+        return cast(OutputMetas, output_metas[index])
     # Several list returns (e.g. functional fused optimizers): one entry per return.
     # (a TensorMeta is a NamedTuple: a tensor return is taken whole, not indexed)
     return tuple(
@@ -256,15 +256,17 @@ def infer_output_metas(op_schema: OpSchema, data_dependent: bool = True) -> Outp
 
     ambient = detect_fake_mode()
     if ambient is not None:
-        return _to_meta(run(ambient))
-    try:
-        return _to_meta(run(FakeTensorMode()))
-    except (DataDependentOutputException, DynamicOutputShapeException):
-        if not data_dependent:
-            raise
-        # The result's size depends on the data (nonzero, masked_select, ...):
-        # with a ShapeEnv it comes out as an unbacked symbolic size.
-        return _to_meta(run(FakeTensorMode(shape_env=ShapeEnv())))
+        out = run(ambient)
+    else:
+        try:
+            out = run(FakeTensorMode())
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            if not data_dependent:
+                raise
+            # The result's size depends on the data (nonzero, masked_select, ...):
+            # with a ShapeEnv it comes out as an unbacked symbolic size.
+            out = run(FakeTensorMode(shape_env=ShapeEnv()))
+    return cast(OutputMetas, _to_meta(out))
 
 
 class _Checker:
