@@ -260,6 +260,7 @@ def merge(docs: dict[str, dict], skips: dict[str, str]) -> dict:
         "selections": sel,
         "coverage": {role: docs[role]["coverage"] for role in docs},
         "capture": {role: docs[role]["capture"] for role in docs},
+        "caches": {role: docs[role].get("caches", {}) for role in docs},
         "infer_failed": {role: docs[role]["infer_failed"] for role in docs},
         "torches": {
             role: {k: docs[role].get(k) for k in ("torch_version", "torch_file", "python", "checker")}
@@ -757,6 +758,17 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
         out.append(table(["op", "mesh", "inputs", "kind", "stock", "built"], rows, md))
         if len(shown) > top:
             out.append(f"... {len(shown) - top} more in reports/audit.json (selections.mismatches)")
+
+    caches = merged.get("caches", {})
+    if any(caches.values()):
+        out.append("")
+        out.append(h("Cache sizes after the audit"))
+        rows = [
+            [role, name, str(c["entries"]), str(c["bound"])]
+            for role, per_role in caches.items()
+            for name, c in per_role.items()
+        ]
+        out.append(table(["torch", "cache", "entries", "bound"], rows, md))
 
     if merged.get("parity") is not None:
         out.append("")

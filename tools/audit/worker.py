@@ -492,6 +492,30 @@ class Bucket:
         }
 
 
+def cache_sizes(propagator: Any) -> dict[str, dict[str, int | None]]:
+    """Entries (and bound) of each strategy cache once every query has run.
+
+    The shape-inference and redistribute-cost caches exist only on the built torch;
+    DTensor's own sharding-propagation cache is on both.
+    """
+    sizes: dict[str, dict[str, int | None]] = {}
+    info = propagator.propagate_op_sharding.cache_info()
+    sizes["sharding_prop"] = {"entries": info.currsize, "bound": info.maxsize}
+    try:
+        from torch.distributed.tensor._ops import _finalize_strategy, _redistribute_cost_cache
+    except ImportError:
+        return sizes
+    sizes["output_metas"] = {
+        "entries": _finalize_strategy.meta_cache_size(),
+        "bound": _finalize_strategy._META_CACHE_SIZE,
+    }
+    sizes["redistribute_cost"] = {
+        "entries": _redistribute_cost_cache.cost_cache_size(),
+        "bound": _redistribute_cost_cache.COST_CACHE_SIZE,
+    }
+    return sizes
+
+
 def _count_specs(strategy: Any) -> int:
     from torch.distributed.tensor._op_schema import OpStrategy, TupleStrategy
 
@@ -1034,6 +1058,7 @@ def main(argv: list[str] | None = None) -> int:
             "preload": args.preload,
         },
         "capture": capture_info,
+        "caches": cache_sizes(auditor.p),
         "results": auditor.results(),
         "infer_failed": sorted(auditor.infer_failed.values(), key=lambda d: d["op"]),
         "skipped": [{"op": k, "calls": v, "reason": SKIPS[k]} for k, v in sorted(skipped.items())],

@@ -607,6 +607,13 @@ class TestAuditSubprocess(TestCase):
             self.assertIn(reg, doc["coverage"])
         self.assertTrue(doc["selections"])
         self.assertGreater(doc["capture"]["stats"]["samples"], 0)
+        # every cache the change adds is reported, filled and within its bound
+        for name in ("sharding_prop", "output_metas", "redistribute_cost"):
+            cache = doc["caches"][name]
+            if name != "sharding_prop":  # the audit's runtime queries bypass that one
+                self.assertGreater(cache["entries"], 0, name)
+            if cache["bound"] is not None:
+                self.assertLessEqual(cache["entries"], cache["bound"], name)
 
     def test_strict_fails_on_planted_violation(self):
         with tempfile.TemporaryDirectory() as tmp:
