@@ -896,42 +896,6 @@ class KnownFailure:
 # queried and counted as "known failure" in the report, never as a pass.
 KNOWN_FAILURES: tuple[KnownFailure, ...] = (
     KnownFailure(
-        ops=("aten._scaled_dot_product_efficient_attention.default",),
-        exception="StrategyContractError",
-        message="at output 2: the result is a tensor but the spec is None",
-        reason=(
-            "DTensor's strategy gives None specs for philox_seed/philox_offset, which "
-            "the op returns as tensors; stock dispatch accepts that (returns them as "
-            "plain tensors), the change's finalizer rejects every query, planner and "
-            "runtime: eager DTensor SDPA on the mem-efficient backend (CUDA) regresses"
-        ),
-        reproducer=(
-            "q = T[2, 2, 2, 8] float32 contiguous, mesh (2,), all Replicate: "
-            "get_op_strategy(strategy_schema(mesh, aten._scaled_dot_product_efficient_attention"
-            ".default, (q, q, q, None, False, 0.0, False), {'scale': None})) raises "
-            "StrategyContractError; stock's propagate_op_sharding_non_cached answers "
-            "(out, lse, None, None)"
-        ),
-    ),
-    KnownFailure(
-        ops=("aten._scaled_dot_product_flash_attention.default",),
-        exception="StrategyContractError",
-        message="the result is a tensor but the spec is None",
-        reason=(
-            "as for efficient attention: the strategy gives None specs for the "
-            "philox_seed/philox_offset/debug_attn_mask results, which the op returns "
-            "as tensors; stock dispatch answers, the change's finalizer rejects every "
-            "query: eager DTensor SDPA on the flash backend (CUDA) regresses"
-        ),
-        reproducer=(
-            "q = T[2, 2, 2, 8] float32 contiguous, mesh (2,), all Replicate: "
-            "get_op_strategy(strategy_schema(mesh, aten._scaled_dot_product_flash_attention"
-            ".default, (q, q, q, 0.0, False, False), {'scale': None})) raises "
-            "StrategyContractError at output 7; stock's propagate_op_sharding_non_cached "
-            "answers"
-        ),
-    ),
-    KnownFailure(
         ops=RESHAPE_OPS,
         exception="ZeroDivisionError",
         message="integer modulo by zero",

@@ -17,7 +17,10 @@ C2  Every output position whose result is ``None`` (an ``output_mask`` entry set
     False, an optional return, a non-tensor return) holds ``None``. An op returning
     one tensor has a ``DTensorSpec``; an op with several returns a tuple with one
     entry per return; a ``List[Tensor]`` return a tuple with one entry per element;
-    an op with no tensor return has ``output_specs=None``.
+    an op with no tensor return has ``output_specs=None``. A tensor result that
+    every ``OpSpec`` of the strategy leaves ``None`` is rank-local (the RNG state and
+    unused buffers of the attention ops): it stays a plain tensor, and ``None`` there
+    satisfies C2 (see :func:`without_rank_local`).
 C3  ``input_specs`` is present, with one ``DTensorSpec`` per tensor input in
     flattened argument order (args, then kwargs), each carrying that input's
     ``tensor_meta``.
@@ -63,6 +66,7 @@ __all__ = [
     "infer_output_metas",
     "op_has_tensor_returns",
     "tensor_inputs",
+    "without_rank_local",
 ]
 
 CLAUSES = ("C1", "C2", "C3", "C4", "C5")
@@ -189,6 +193,26 @@ def element_output_metas(op: OpOverload, output_metas: OutputMetas, index: int) 
         m[index] if isinstance(m, (list, tuple)) and not isinstance(m, TensorMeta) else m
         for m in output_metas
     )
+
+
+def without_rank_local(strategy: OpStrategy, output_metas: OutputMetas) -> OutputMetas:
+    """``output_metas`` with ``None`` at the rank-local results of ``strategy``.
+
+    A multi-output op's tensor result that no ``OpSpec`` of the strategy gives a
+    spec is not distributed: DTensor hands it back as each rank's plain tensor.
+    """
+    if output_metas is None or isinstance(output_metas, TensorMeta) or not strategy.strategies:
+        return output_metas
+    outs = [spec.output_specs for spec in strategy.strategies]
+    if not all(isinstance(o, tuple) and len(o) == len(output_metas) for o in outs):
+        return output_metas
+    local = [
+        isinstance(m, TensorMeta) and all(o[pos] is None for o in outs)  # type: ignore[index]
+        for pos, m in enumerate(output_metas)
+    ]
+    if not any(local):
+        return output_metas
+    return tuple(None if is_local else m for m, is_local in zip(output_metas, local))
 
 
 def _spec_to_fake(spec: object, device: str) -> object:
@@ -395,6 +419,7 @@ class _Checker:
         metas: OutputMetas,
         child: int | None = None,
     ) -> None:
+        metas = without_rank_local(strategy, metas)
         for index, spec in enumerate(strategy.strategies):
             self.check_outputs(index, spec, metas, child)
             self.check_inputs(index, spec, inputs, child)
