@@ -572,7 +572,7 @@ class _Finalizer:
         finalized: list[OpSpec] = []
         input_metas = [inp.strategies[0].output_spec.tensor_meta for inp in inputs]
         candidates = [len(inp.strategies) for inp in inputs]
-        metas = without_rank_local(strategy, metas)
+        metas = without_rank_local(self.op, strategy, metas)
         for index, spec in enumerate(strategy.strategies):
             if _is_complete(spec, input_metas, candidates, metas):
                 finalized.append(spec)

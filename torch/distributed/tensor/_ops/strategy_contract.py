@@ -17,10 +17,10 @@ C2  Every output position whose result is ``None`` (an ``output_mask`` entry set
     False, an optional return, a non-tensor return) holds ``None``. An op returning
     one tensor has a ``DTensorSpec``; an op with several returns a tuple with one
     entry per return; a ``List[Tensor]`` return a tuple with one entry per element;
-    an op with no tensor return has ``output_specs=None``. A tensor result that
-    every ``OpSpec`` of the strategy leaves ``None`` is rank-local (the RNG state and
-    unused buffers of the attention ops): it stays a plain tensor, and ``None`` there
-    satisfies C2 (see :func:`without_rank_local`).
+    an op with no tensor return has ``output_specs=None``. The one exception: a
+    rank-local result (the RNG state and unused buffers the attention ops return,
+    named in :data:`RANK_LOCAL_RETURNS`) that every ``OpSpec`` of the strategy leaves
+    ``None`` stays a plain per-rank tensor, and ``None`` there satisfies C2.
 C3  ``input_specs`` is present, with one ``DTensorSpec`` per tensor input in
     flattened argument order (args, then kwargs), each carrying that input's
     ``tensor_meta``.
@@ -59,6 +59,7 @@ __all__ = [
     "CLAUSES",
     "ContractViolation",
     "OutputMetas",
+    "RANK_LOCAL_RETURNS",
     "check_strategy_contract",
     "element_output_metas",
     "element_schema",
@@ -195,19 +196,33 @@ def element_output_metas(op: OpOverload, output_metas: OutputMetas, index: int) 
     )
 
 
-def without_rank_local(strategy: OpStrategy, output_metas: OutputMetas) -> OutputMetas:
+# Names of op results that hold per-rank state rather than a distributed tensor:
+# the attention kernels' RNG seed/offset and their unused or nested-only buffers.
+RANK_LOCAL_RETURNS = frozenset(
+    {"philox_seed", "philox_offset", "rng_state", "unused", "cum_seq_q", "cum_seq_k"}
+)
+
+
+def without_rank_local(
+    op: OpOverload, strategy: OpStrategy, output_metas: OutputMetas
+) -> OutputMetas:
     """``output_metas`` with ``None`` at the rank-local results of ``strategy``.
 
-    A multi-output op's tensor result that no ``OpSpec`` of the strategy gives a
-    spec is not distributed: DTensor hands it back as each rank's plain tensor.
+    A result named in :data:`RANK_LOCAL_RETURNS` that no ``OpSpec`` of the strategy
+    gives a spec is not distributed: DTensor hands it back as each rank's plain tensor.
     """
     if output_metas is None or isinstance(output_metas, TensorMeta) or not strategy.strategies:
         return output_metas
     outs = [spec.output_specs for spec in strategy.strategies]
-    if not all(isinstance(o, tuple) and len(o) == len(output_metas) for o in outs):
+    returns = op._schema.returns
+    if len(returns) != len(output_metas) or not all(
+        isinstance(o, tuple) and len(o) == len(output_metas) for o in outs
+    ):
         return output_metas
     local = [
-        isinstance(m, TensorMeta) and all(o[pos] is None for o in outs)  # type: ignore[index]
+        isinstance(m, TensorMeta)
+        and returns[pos].name in RANK_LOCAL_RETURNS
+        and all(o[pos] is None for o in outs)  # type: ignore[index]
         for pos, m in enumerate(output_metas)
     ]
     if not any(local):
@@ -419,7 +434,7 @@ class _Checker:
         metas: OutputMetas,
         child: int | None = None,
     ) -> None:
-        metas = without_rank_local(strategy, metas)
+        metas = without_rank_local(self.op, strategy, metas)
         for index, spec in enumerate(strategy.strategies):
             self.check_outputs(index, spec, metas, child)
             self.check_inputs(index, spec, inputs, child)
