@@ -45,6 +45,7 @@ from torch.distributed.tensor._ops.strategy_contract import (
 from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor.placement_types import (
     _StridedShard,
+    Partial,
     Placement,
     Replicate,
     Shard,
@@ -730,6 +731,26 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                     for i, spec in enumerate(self.specs_of(strategy)):
                         self.assertIsNone(spec.output_specs, f"OpSpec {i}")
                         self.assertEqual(len(spec.input_specs), len(args))
+
+    def test_histc_shards_only_with_bounds(self) -> None:
+        """histc bins over each rank's own data range when min == max (the defaults),
+        so only given, distinct bounds allow a sharded input; filling in the omitted
+        defaults must not change that."""
+        mesh = self.mesh((4,))
+        x = torch.randn(8, 4)
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        for args, sharded in [((x,), False), ((x, 10), False), ((x, 10, 0, 0), False),
+                              ((x, 10, -1.0, 1.0), True)]:
+            with self.subTest(args=len(args), bounds=args[2:]):
+                schema = strategy_schema(mesh, aten.histc.default, args, None, planner_candidates)
+                strategy = propagator.get_op_strategy(schema)
+                self.assert_contract(schema, strategy)
+                partial = any(
+                    isinstance(p, Partial)
+                    for spec in self.specs_of(strategy)
+                    for p in spec.output_spec.placements
+                )
+                self.assertEqual(partial, sharded)
 
     # ---- shared strategy helpers called directly ----
 
