@@ -19,8 +19,8 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
 __all__ = ["cached_redistribute_cost", "clear_cost_cache", "cost_cache_size"]
 
-# Entries kept at most; the oldest are dropped first. A Llama-sized planner walk
-# on a 2-D mesh needs a few thousand.
+# Entries kept at most; the oldest are dropped first. A full `make audit` fills
+# it to this bound (reports/audit.md, "Cache sizes after the audit").
 COST_CACHE_SIZE = 1 << 16
 _costs: dict[object, float] = {}
 _lock = threading.Lock()
