@@ -963,27 +963,6 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         stock=True,
         applies=lambda case, kind: len(case.args[0].shape) == 0,
     ),
-    KnownFailure(
-        ops=("aten.native_layer_norm_backward.default", "aten._fused_rms_norm_backward.default"),
-        exception="StrategyContractError",
-        message="the result is a tensor but the spec is None",
-        reason=(
-            "with a 0-element input and no weight/bias, the single-dim rule's sharded "
-            "specs give grad_weight/grad_bias None where shape inference returns a "
-            "tensor (their mask entry set); "
-            "stock answers the same runtime queries, the change's finalizer rejects them"
-        ),
-        reproducer=(
-            "g = x = T[2, 0] strides (1, 1), mean = rstd = T[2, 1] strides (1, 1), all "
-            "float32, mesh (2,): propagate_op_sharding_non_cached of "
-            "aten.native_layer_norm_backward.default(g, x, [0], mean, rstd, None, None, "
-            "[False, False, True]) with mean Shard(0), the rest Replicate, raises "
-            "StrategyContractError (OpSpec index 1); stock answers. Also x = T[2, 0, 2], "
-            "normalized [2]; and aten._fused_rms_norm_backward.default(g, x, [0], rstd, "
-            "None, [False, True]) with rstd Shard(0)"
-        ),
-        applies=lambda case, kind: math.prod(case.args[1].shape) == 0,
-    ),
 )
 
 # Calls whose query never returns, each with a cheap test whether a case is one

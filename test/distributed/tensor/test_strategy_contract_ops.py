@@ -281,6 +281,10 @@ TTT cl: f32[4, 3, 8, 8]/(192, 1, 24, 3) | f32[6, 3, 3, 3]/(27, 1, 9, 3) | f32[6]
         no_affine = (grad, x, [8], mean, rstd, None, None, [True, False, False])
         cases.append(("TFF no w/b", op, no_affine, {}))
         cases.append(("TTF no b", op, (grad, x, [8], mean, rstd, w, None, [True, True, False]), {}))
+        # a 0-element input: shape inference gives grad_weight/grad_bias without
+        # weight/bias, so every rule (sharded ones too) must place them
+        x0, m0 = torch.randn(4, 0, 2), torch.randn(4, 1, 1)
+        cases.append(("TTT 0-elem no w/b", op, (x0, x0, [0, 2], m0, m0, None, None, [True] * 3), {}))
         self.assertExpectedInline(
             self.output_table(cases),
             """\
@@ -293,7 +297,8 @@ TFT: f32[4, 6, 8]/(48, 8, 1) | None | f32[8]/(1,)
 TTF: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | None
 TTT: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | f32[8]/(1,)
 TFF no w/b: f32[4, 6, 8]/(48, 8, 1) | None | None
-TTF no b: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | None""",
+TTF no b: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | None
+TTT 0-elem no w/b: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1) | f32[0, 2]/(2, 1)""",
         )
 
     def test_fused_rms_norm_backward_output_mask(self) -> None:
@@ -306,6 +311,8 @@ TTF no b: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | None""",
             label = "".join("T" if m else "F" for m in mask)
             cases.append((label, op, (grad, x, [8], rstd, w, mask), {}))
         cases.append(("TF no w", op, (grad, x, [8], rstd, None, [True, False]), {}))
+        x0, r0 = torch.randn(4, 0, 2), torch.randn(4, 1, 1)
+        cases.append(("TT 0-elem no w", op, (x0, x0, [0, 2], r0, None, [True, True]), {}))
         self.assertExpectedInline(
             self.output_table(cases),
             """\
@@ -313,7 +320,8 @@ FF: None | None
 FT: None | f32[8]/(1,)
 TF: f32[4, 6, 8]/(48, 8, 1) | None
 TT: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,)
-TF no w: f32[4, 6, 8]/(48, 8, 1) | None""",
+TF no w: f32[4, 6, 8]/(48, 8, 1) | None
+TT 0-elem no w: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1)""",
         )
 
     # ---- attention backward ----
