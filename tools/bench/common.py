@@ -64,8 +64,7 @@ def clear_dtensor_caches() -> list[str]:
         return cleared
     cache = getattr(_finalize_strategy, "_meta_cache", None)
     if cache is not None:
-        with _finalize_strategy._meta_cache_lock:
-            cache.clear()
+        cache.clear()
         cleared.append("finalize_meta")
     try:
         from torch.distributed.tensor._ops import _redistribute_cost_cache

@@ -578,7 +578,7 @@ class TestSymbolicStrategies(StrategyContractTestBase):
             ("_finalize_strategy._meta_cache", _finalize_strategy._meta_cache),
             ("_redistribute_cost_cache._costs", _redistribute_cost_cache._costs),
         ):
-            leaked = _symbolic_leaves(dict(cache))
+            leaked = _symbolic_leaves(dict(cache.items()))
             if leaked:
                 failures.append(f"{name} holds symbolic entries: {leaked[:3]}")
         self.assertEqual(failures, [], "\n".join(failures[:20]))

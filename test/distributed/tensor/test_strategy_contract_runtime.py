@@ -54,6 +54,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
+    TestCase,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
     meta_of,
@@ -848,6 +849,43 @@ mv (decomp): aten.mv.default [S(0)S(1), S(0)R] -> S(0)P(sum)[8] | redistribute [
 # ---------------------------------------------------------------------------
 
 
+class TestBoundedCache(TestCase):
+    """The cache class behind the shape-inference and cost caches."""
+
+    def test_oldest_entry_evicted_at_the_bound(self) -> None:
+        from torch.distributed.tensor._ops._bounded_cache import BoundedCache
+
+        cache: BoundedCache[int, int] = BoundedCache(3)
+        computed: list[int] = []
+
+        def square(k: int) -> int:
+            computed.append(k)
+            return k * k
+
+        for k in (1, 2, 3, 1, 4, 1):
+            self.assertEqual(cache.get_or_compute(k, lambda k=k: square(k)), k * k)
+        # 1, 2, 3 computed; 1 served; 4 evicts 1 (the oldest); 1 computed again
+        self.assertEqual(computed, [1, 2, 3, 4, 1])
+        self.assertEqual([k for k, _ in cache.items()], [3, 4, 1])
+        cache.clear()
+        self.assertEqual(len(cache), 0)
+
+    def test_unhashable_key_computed_not_stored(self) -> None:
+        from torch.distributed.tensor._ops._bounded_cache import BoundedCache
+
+        cache: BoundedCache[object, int] = BoundedCache(4)
+        calls = []
+        for _ in range(2):
+            self.assertEqual(cache.get_or_compute([1, 2], lambda: calls.append(1) or 7), 7)
+        self.assertEqual((len(calls), len(cache)), (2, 0))
+
+    def test_bound_must_be_positive(self) -> None:
+        from torch.distributed.tensor._ops._bounded_cache import BoundedCache
+
+        with self.assertRaisesRegex(ValueError, "max_size must be positive, got 0"):
+            BoundedCache(0)
+
+
 class TestRedistributeCostCache(StrategyContractTestBase):
     def pairs(self) -> list[tuple[DTensorSpec, DTensorSpec]]:
         from torch.distributed.tensor.placement_types import _StridedShard
@@ -884,7 +922,7 @@ class TestRedistributeCostCache(StrategyContractTestBase):
 
         cache.clear_cost_cache()
         pairs = self.pairs()
-        with mock.patch.object(cache, "COST_CACHE_SIZE", 5):
+        with mock.patch.object(cache._costs, "max_size", 5):
             for src, dst in pairs:
                 cache.cached_redistribute_cost(src, dst)
                 self.assertLessEqual(cache.cost_cache_size(), 5)

@@ -449,10 +449,9 @@ class TestConcurrentQueries(ThreadsTestBase):
 class TestCachesStayBounded(ThreadsTestBase):
     """Every cache the change adds holds at most its bound under concurrent fills.
 
-    Both bounds are module constants read at call time (``output_metas_for`` and
-    ``cached_redistribute_cost`` read ``_META_CACHE_SIZE``/``COST_CACHE_SIZE`` on
-    every insert), so the tests lower them to a few entries and offer many more
-    distinct keys. The other state the change adds is bounded by construction: the
+    Both caches are ``BoundedCache`` objects whose ``max_size`` is read on every
+    insert, so the tests lower it to a few entries and offer many more distinct
+    keys. The other state the change adds is bounded by construction: the
     per-query cost rows of ``expand_to_full_mesh_op_strategy`` live in a local of
     one call, ``answering``/``_in_planner_query`` are context variables (one value
     per thread and query), and ``_positional_defaults`` is keyed on the op.
@@ -511,7 +510,7 @@ class TestCachesStayBounded(ThreadsTestBase):
             for k in range(1, 65)
         ]
         calls = [lambda s=s: _finalize_strategy.output_metas_for(s) for s in schemas]
-        with mock.patch.object(_finalize_strategy, "_META_CACHE_SIZE", self.BOUND):
+        with mock.patch.object(_finalize_strategy._meta_cache, "max_size", self.BOUND):
             self.fill(
                 "_meta_cache",
                 lambda: len(_finalize_strategy._meta_cache),
@@ -531,7 +530,7 @@ class TestCachesStayBounded(ThreadsTestBase):
             for k in range(1, 25)
         ]
         calls = [lambda s=s: propagator.get_op_strategy(s) for s in schemas]
-        with mock.patch.object(_finalize_strategy, "_META_CACHE_SIZE", self.BOUND):
+        with mock.patch.object(_finalize_strategy._meta_cache, "max_size", self.BOUND):
             self.fill(
                 "_meta_cache",
                 lambda: len(_finalize_strategy._meta_cache),
@@ -555,7 +554,7 @@ class TestCachesStayBounded(ThreadsTestBase):
             lambda a=a, b=b: _redistribute_cost_cache.cached_redistribute_cost(a, b)
             for a, b in pairs
         ]
-        with mock.patch.object(_redistribute_cost_cache, "COST_CACHE_SIZE", self.BOUND):
+        with mock.patch.object(_redistribute_cost_cache._costs, "max_size", self.BOUND):
             self.fill(
                 "cost cache",
                 _redistribute_cost_cache.cost_cache_size,
@@ -565,11 +564,12 @@ class TestCachesStayBounded(ThreadsTestBase):
             )
 
     def test_default_bounds(self) -> None:
-        """The shipped bounds are finite, positive integers."""
-        for name, bound in (
-            ("_META_CACHE_SIZE", _finalize_strategy._META_CACHE_SIZE),
-            ("COST_CACHE_SIZE", _redistribute_cost_cache.COST_CACHE_SIZE),
+        """The shipped bounds are finite, positive integers, and the caches use them."""
+        for name, bound, cache in (
+            ("_META_CACHE_SIZE", _finalize_strategy._META_CACHE_SIZE, _finalize_strategy._meta_cache),
+            ("COST_CACHE_SIZE", _redistribute_cost_cache.COST_CACHE_SIZE, _redistribute_cost_cache._costs),
         ):
+            self.assertEqual(cache.max_size, bound, name)
             self.assertIsInstance(bound, int, name)
             self.assertGreater(bound, 0, name)
 

@@ -17,7 +17,6 @@ import contextlib
 import contextvars
 import functools
 import logging
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast, TypeVar
 
@@ -30,6 +29,7 @@ from torch.distributed.tensor._op_schema import (
     StrategyType,
     TupleStrategy,
 )
+from torch.distributed.tensor._ops._bounded_cache import BoundedCache
 from torch.distributed.tensor._ops._strict_contract import check_strict, strict_enabled
 from torch.distributed.tensor._ops.strategy_contract import (
     element_output_metas,
@@ -79,8 +79,7 @@ class StrategyContractError(RuntimeError):
 # queries) is cached on what determines its result: the op, the input metas and
 # the non-tensor arguments. DTensor's runtime path passes the metas it computed.
 _META_CACHE_SIZE = 4096
-_meta_cache: dict[Any, OutputMetas] = {}
-_meta_cache_lock = threading.Lock()
+_meta_cache: BoundedCache[Any, OutputMetas] = BoundedCache(_META_CACHE_SIZE)
 
 
 def _freeze(x: object) -> object:
@@ -105,7 +104,6 @@ def _meta_cache_key(op_schema: OpSchema) -> Any:
         _freeze(op_schema.args_meta),
         _freeze(op_schema.kwargs_meta),
     )
-    hash(key)  # raises TypeError for unhashable args (e.g. SymInts)
     return key
 
 
@@ -118,29 +116,18 @@ def output_metas_for(op_schema: OpSchema) -> OutputMetas:
 
     if _are_we_tracing():
         return infer_output_metas(op_schema)
-    try:
-        key = _meta_cache_key(op_schema)
-    except TypeError:
-        return infer_output_metas(op_schema)
-    with _meta_cache_lock:
-        if key in _meta_cache:
-            return _meta_cache[key]
-    metas = infer_output_metas(op_schema)
-    with _meta_cache_lock:
-        if len(_meta_cache) >= _META_CACHE_SIZE:
-            _meta_cache.pop(next(iter(_meta_cache)))
-        _meta_cache[key] = metas
-    return metas
+    return _meta_cache.get_or_compute(
+        _meta_cache_key(op_schema), lambda: infer_output_metas(op_schema)
+    )
 
 
 def clear_meta_cache() -> None:
     """Forget every cached shape inference (``debug._clear_sharding_prop_cache`` calls this)."""
-    with _meta_cache_lock:
-        _meta_cache.clear()
+    _meta_cache.clear()
 
 
 def meta_cache_size() -> int:
-    """How many shape inferences are cached (at most ``_META_CACHE_SIZE``)."""
+    """How many shape inferences are cached (at most ``_meta_cache.max_size``)."""
     return len(_meta_cache)
 
 
