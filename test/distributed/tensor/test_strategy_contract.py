@@ -166,7 +166,7 @@ class TestStrategyContract(StrategyContractTestBase):
         self.assertEqual(located(v), [("C1", None, 1, "output")])
         self.assertExpectedInline(
             format_violations(v),
-            """C1 aten.mm.default strategy 1 output: expected TensorMeta(shape=(8, 6), stride=(6, 1), dtype=torch.float32), got no tensor_meta""",
+            """C1 aten.mm.default strategy 1 output: expected TensorMeta(shape=(8, 6), stride=(6, 1), dtype=torch.float32), got no tensor_meta""",  # noqa: B950
         )
 
     def test_c1_wrong_dtype(self) -> None:
@@ -182,7 +182,7 @@ class TestStrategyContract(StrategyContractTestBase):
         self.assertEqual(located(v), [("C1", None, 0, "output")])
         self.assertExpectedInline(
             format_violations(v),
-            """C1 aten._to_copy.default strategy 0 output: expected TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.float32), got TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.bfloat16)""",
+            """C1 aten._to_copy.default strategy 0 output: expected TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.float32), got TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.bfloat16)""",  # noqa: B950
         )
 
     def test_c1_wrong_stride(self) -> None:
@@ -219,7 +219,7 @@ class TestStrategyContract(StrategyContractTestBase):
         self.assertEqual(located(v), [("C1", None, 0, "output")])
         self.assertExpectedInline(
             format_violations(v),
-            """C1 aten.view.default strategy 0 output: expected TensorMeta(shape=(24,), stride=(1,), dtype=torch.float32), got TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.float32)""",
+            """C1 aten.view.default strategy 0 output: expected TensorMeta(shape=(24,), stride=(1,), dtype=torch.float32), got TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.float32)""",  # noqa: B950
         )
 
     # ---- C2: output structure ----
@@ -284,7 +284,7 @@ class TestStrategyContract(StrategyContractTestBase):
         self.assertEqual(located(v), [("C2", None, 0, "output 2")])
         self.assertExpectedInline(
             format_violations(v),
-            """C2 aten.native_layer_norm_backward.default strategy 0 output 2: expected a DTensorSpec (result is a tensor), got None""",
+            """C2 aten.native_layer_norm_backward.default strategy 0 output 2: expected a DTensorSpec (result is a tensor), got None""",  # noqa: B950
         )
 
     def test_c2_single_spec_for_multi_output(self) -> None:
@@ -295,7 +295,7 @@ class TestStrategyContract(StrategyContractTestBase):
         self.assertEqual(located(v), [("C2", None, 0, "output")])
         self.assertExpectedInline(
             format_violations(v),
-            """C2 aten.max.dim strategy 0 output: expected a tuple of 2 output specs, got DTensorSpec((Replicate(), Replicate()), TensorMeta(shape=(4,), stride=(1,), dtype=torch.float32))""",
+            """C2 aten.max.dim strategy 0 output: expected a tuple of 2 output specs, got DTensorSpec((Replicate(), Replicate()), TensorMeta(shape=(4,), stride=(1,), dtype=torch.float32))""",  # noqa: B950
         )
 
     def test_c2_wrong_tuple_length(self) -> None:
@@ -342,7 +342,7 @@ class TestStrategyContract(StrategyContractTestBase):
             format_violations(v),
             """\
 C2 aten.split.Tensor strategy 1 output: expected a tuple of 2 output specs, got tuple of 1
-C2 aten.split.Tensor strategy 2 output: expected a tuple of 2 output specs, got DTensorSpec((Replicate(), Replicate()), TensorMeta(shape=(2, 6), stride=(6, 1), dtype=torch.float32))""",
+C2 aten.split.Tensor strategy 2 output: expected a tuple of 2 output specs, got DTensorSpec((Replicate(), Replicate()), TensorMeta(shape=(2, 6), stride=(6, 1), dtype=torch.float32))""",  # noqa: B950
         )
 
     def test_c2_not_a_strategy(self) -> None:
@@ -393,7 +393,7 @@ C2 aten.split.Tensor strategy 2 output: expected a tuple of 2 output specs, got 
             """\
 C3 aten.mm.default strategy 0 input 1: expected TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.float32), got no tensor_meta
 C3 aten.mm.default strategy 1 input 1: expected TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.float32), got TensorMeta(shape=(8, 4), stride=(4, 1), dtype=torch.float32)
-C3 aten.mm.default strategy 2 input 0: expected a DTensorSpec, got None""",
+C3 aten.mm.default strategy 2 input 0: expected a DTensorSpec, got None""",  # noqa: B950
         )
 
     def test_c3_kwarg_tensor_inputs_count(self) -> None:
@@ -543,7 +543,7 @@ C4 aten.mm.default strategy 3 redistribute_cost row 0: expected finite non-negat
             format_violations(v),
             """\
 C5/C1 aten._foreach_add.List strategy 0 child 1 output: expected TensorMeta(shape=(3,), stride=(1,), dtype=torch.float32), got TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.float32)
-C5/C3 aten._foreach_add.List strategy 0 child 1 input_specs: expected 2 input specs, got 1 input specs""",
+C5/C3 aten._foreach_add.List strategy 0 child 1 input_specs: expected 2 input specs, got 1 input specs""",  # noqa: B950
         )
 
     def test_c5_scalar_foreach_child_breaks_c3(self) -> None:

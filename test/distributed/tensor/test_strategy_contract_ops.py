@@ -169,6 +169,21 @@ def output_tuple(spec: OpSpec) -> tuple[object, ...]:
 
 
 class TestStrategyContractOps(StrategyContractTestBase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        # Test-only ops for the bad-strategy tests, so no real op's registration
+        # is touched; they are defined while this class runs.
+        lib = cls.enterClassContext(
+            torch.library._scoped_library("strategy_contract_ops_test", "DEF")
+        )
+        lib.define("one_out(Tensor x) -> Tensor")
+        lib.define("two_out(Tensor x) -> (Tensor, Tensor)")
+        lib.define("list_out(Tensor[] xs) -> Tensor[]")
+        lib.impl("one_out", lambda x: x.clone(), "CompositeExplicitAutograd")
+        lib.impl("two_out", lambda x: (x.clone(), x.sum(0)), "CompositeExplicitAutograd")
+        lib.impl("list_out", lambda xs: [x.clone() for x in xs], "CompositeExplicitAutograd")
+
     # ---- helpers ----
 
     def query(
@@ -367,7 +382,7 @@ bias TTTT: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1)
 bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | None
 bias FTFT: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 8]/(512, 128, 16, 1)
 no bias TTTT: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | None
-no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | None""",
+no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64, 1) | None""",  # noqa: B950
         )
 
     def test_flash_attention_backward(self) -> None:
@@ -379,7 +394,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                 8, 8, 0.0, False, t["seed"], t["offset"])
         self.assertExpectedInline(
             self.output_table([("flash", op, args, {})]),
-            """flash: f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1)""",
+            """flash: f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1)""",  # noqa: B950
         )
 
     @parametrize("shape", MESHES, name_fn=mesh_name)
@@ -1115,16 +1130,6 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
             cause = cause.__cause__ or cause.__context__
         self.assertIsInstance(cause, StrategyContractError, str(ctx.exception))
         self.assertIn("'none_output_at_runtime'", str(ctx.exception))
-
-
-# Test-only ops for the bad-strategy tests, so no real op's registration is touched.
-_TEST_LIB = torch.library.Library("strategy_contract_ops_test", "DEF")
-_TEST_LIB.define("one_out(Tensor x) -> Tensor")
-_TEST_LIB.define("two_out(Tensor x) -> (Tensor, Tensor)")
-_TEST_LIB.define("list_out(Tensor[] xs) -> Tensor[]")
-_TEST_LIB.impl("one_out", lambda x: x.clone(), "CompositeExplicitAutograd")
-_TEST_LIB.impl("two_out", lambda x: (x.clone(), x.sum(0)), "CompositeExplicitAutograd")
-_TEST_LIB.impl("list_out", lambda xs: [x.clone() for x in xs], "CompositeExplicitAutograd")
 
 
 instantiate_parametrized_tests(TestStrategyContractOps)

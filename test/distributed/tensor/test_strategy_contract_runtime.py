@@ -841,7 +841,7 @@ cat: aten.cat.default [(S(0)R, S(1)R)] -> S(1)R[16x6] | redistribute [S(1)R, S(1
 index_select: aten.index_select.default [S(0)S(1), RR] -> RS(1)[3x6] | redistribute [RS(1), RR]
 _foreach_add: aten._foreach_add.List [(S(0)R, RR), (RS(1), S(0)R)] -> (S(0)S(1)[8x6], S(0)R[4]) | redistribute [(S(0)S(1), S(0)R), (S(0)S(1), S(0)R)]
 hardswish (decomp): aten.hardswish.default [S(0)S(1)] -> S(0)S(1)[8x6]
-mv (decomp): aten.mv.default [S(0)S(1), S(0)R] -> S(0)P(sum)[8] | redistribute [S(0)S(1), RS(0)]""")
+mv (decomp): aten.mv.default [S(0)S(1), S(0)R] -> S(0)P(sum)[8] | redistribute [S(0)S(1), RS(0)]""")  # noqa: B950
 
 
 # ---------------------------------------------------------------------------

@@ -42,13 +42,8 @@ from torch.testing._internal.distributed._tensor.contract_common import (
 
 StrategyFunc = Callable[[OpSchema], StrategyType]
 
-_LIB = torch.library.Library("strategy_contract_strict_test", "DEF")
-_LIB.define("one_out(Tensor x) -> Tensor")
-_LIB.define("two_out(Tensor x) -> (Tensor, Tensor?)")
-_LIB.define("list_out(Tensor[] xs) -> Tensor[]")
-_LIB.impl("one_out", lambda x: x.clone(), "CompositeExplicitAutograd")
-_LIB.impl("two_out", lambda x: (x.clone(), None), "CompositeExplicitAutograd")
-_LIB.impl("list_out", lambda xs: [x.clone() for x in xs], "CompositeExplicitAutograd")
+# The test-only ops (one_out, two_out, list_out) are defined while TestStrictMode
+# runs (see its setUpClass).
 ops = torch.ops.strategy_contract_strict_test
 
 
@@ -101,16 +96,36 @@ def c5_child_wrong_meta(op_schema: OpSchema) -> TupleStrategy:
     return TupleStrategy(children)
 
 
-CASES: dict[str, tuple[torch._ops.OpOverload, StrategyFunc, str]] = {
-    "C1": (ops.one_out.default, c1_wrong_output_meta, "C1"),
-    "C2": (ops.two_out.default, c2_spec_for_none_result, "C2"),
-    "C3": (ops.one_out.default, c3_wrong_input_meta, "C3"),
-    "C4": (ops.one_out.default, c4_short_cost_row, "C4"),
-    "C5": (ops.list_out.default, c5_child_wrong_meta, "C5/C1"),
+# clause -> (test-only op, broken strategy, clause named in the error)
+CASES: dict[str, tuple[str, StrategyFunc, str]] = {
+    "C1": ("one_out", c1_wrong_output_meta, "C1"),
+    "C2": ("two_out", c2_spec_for_none_result, "C2"),
+    "C3": ("one_out", c3_wrong_input_meta, "C3"),
+    "C4": ("one_out", c4_short_cost_row, "C4"),
+    "C5": ("list_out", c5_child_wrong_meta, "C5/C1"),
 }
 
 
+def case(name: str) -> tuple[torch._ops.OpOverload, StrategyFunc, str]:
+    """``CASES[name]`` with its op resolved (the ops exist while the tests run)."""
+    op_name, func, clause = CASES[name]
+    return getattr(ops, op_name).default, func, clause
+
+
 class TestStrictMode(StrategyContractTestBase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        lib = cls.enterClassContext(
+            torch.library._scoped_library("strategy_contract_strict_test", "DEF")
+        )
+        lib.define("one_out(Tensor x) -> Tensor")
+        lib.define("two_out(Tensor x) -> (Tensor, Tensor?)")
+        lib.define("list_out(Tensor[] xs) -> Tensor[]")
+        lib.impl("one_out", lambda x: x.clone(), "CompositeExplicitAutograd")
+        lib.impl("two_out", lambda x: (x.clone(), None), "CompositeExplicitAutograd")
+        lib.impl("list_out", lambda xs: [x.clone() for x in xs], "CompositeExplicitAutograd")
+
     def setUp(self) -> None:
         super().setUp()
         self.propagator = DTensor._op_dispatcher.sharding_propagator
@@ -141,7 +156,8 @@ class TestStrictMode(StrategyContractTestBase):
         return op(x)
 
     def test_each_clause(self) -> None:
-        for name, (op, func, clause) in CASES.items():
+        for name in CASES:
+            op, func, clause = case(name)
             with self.subTest(clause=name):
                 self.register_temporarily(op, func)
                 _clear_sharding_prop_cache()
@@ -165,7 +181,7 @@ class TestStrictMode(StrategyContractTestBase):
                 self.assertFalse(strict_enabled())
 
     def test_registry_and_caches_restored(self) -> None:
-        op, func, _ = CASES["C1"]
+        op, func, _ = case("C1")
         before = self.propagator.op_strategy_funcs.get(op)
         with self.subTest("registered"):
             self.register_temporarily(op, func)

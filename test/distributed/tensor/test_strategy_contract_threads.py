@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
 from unittest import mock
 
 import torch
@@ -37,7 +36,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
-    OpSchema,
     OpSpec,
     OpStrategy,
     OutputSharding,
@@ -271,7 +269,7 @@ def run_in_threads(
                     where[i] = f"round {r} {query.name}"
                     outcomes[i][(r, query.name)] = _outcome(query.run)
             where[i] = "done"
-        except BaseException as e:  # the barrier broke, or set-up failed
+        except Exception as e:  # the barrier broke, or set-up failed
             errors.append(f"thread {i} at {where[i]}: {type(e).__name__}: {e}")
             where[i] = "failed"
 
