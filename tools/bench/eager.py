@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.placement_types import Placement
+
+Shape = tuple[int, ...]
 
 
 @dataclass
@@ -41,9 +44,11 @@ def make_inputs(mesh: DeviceMesh) -> EagerInputs:
     cols = (Replicate(), Shard(1))
     rep = (Replicate(), Replicate())
 
-    def dt(shape: tuple[int, ...], placements: tuple, grad: bool = False) -> DTensor:
+    def dt(shape: Shape, placements: tuple[Placement, ...], grad: bool = False) -> DTensor:
         t = distribute_tensor(torch.randn(shape), mesh, placements)
-        return t.requires_grad_() if grad else t
+        if grad:
+            t.requires_grad_()  # in place: t stays the DTensor
+        return t
 
     return EagerInputs(
         x=dt((16, 32), rows),
@@ -57,7 +62,7 @@ def make_inputs(mesh: DeviceMesh) -> EagerInputs:
     )
 
 
-# name -> (op over the inputs, expected global shape(s) of its result)
+# name -> (op over the inputs, expected global shape of each of its results)
 EagerOp = Callable[[EagerInputs], object]
 
 
@@ -67,17 +72,17 @@ def _layer_norm_fwd_bwd(i: EagerInputs) -> tuple[torch.Tensor, ...]:
     return (out.detach(), *grads)
 
 
-OPS: dict[str, tuple[EagerOp, object]] = {
-    "add": (lambda i: i.x + i.y, (16, 32)),
-    "mul": (lambda i: i.x * i.y, (16, 32)),
-    "gelu": (lambda i: F.gelu(i.x), (16, 32)),
-    "mm": (lambda i: torch.mm(i.x, i.w), (16, 64)),
-    "matmul": (lambda i: torch.matmul(i.x3, i.w), (4, 16, 64)),
-    "sum_dim": (lambda i: i.x.sum(dim=1), (16,)),
-    "view": (lambda i: i.x.view(16, 4, 8), (16, 4, 8)),
-    "transpose": (lambda i: i.x.transpose(0, 1), (32, 16)),
-    "softmax": (lambda i: torch.softmax(i.x, dim=-1), (16, 32)),
-    "cat": (lambda i: torch.cat([i.x, i.y], dim=1), (16, 64)),
+OPS: dict[str, tuple[EagerOp, tuple[Shape, ...]]] = {
+    "add": (lambda i: i.x + i.y, ((16, 32),)),
+    "mul": (lambda i: i.x * i.y, ((16, 32),)),
+    "gelu": (lambda i: F.gelu(i.x), ((16, 32),)),
+    "mm": (lambda i: torch.mm(i.x, i.w), ((16, 64),)),
+    "matmul": (lambda i: torch.matmul(i.x3, i.w), ((4, 16, 64),)),
+    "sum_dim": (lambda i: i.x.sum(dim=1), ((16,),)),
+    "view": (lambda i: i.x.view(16, 4, 8), ((16, 4, 8),)),
+    "transpose": (lambda i: i.x.transpose(0, 1), ((32, 16),)),
+    "softmax": (lambda i: torch.softmax(i.x, dim=-1), ((16, 32),)),
+    "cat": (lambda i: torch.cat([i.x, i.y], dim=1), ((16, 64),)),
     "layer_norm_fwd_bwd": (_layer_norm_fwd_bwd, ((16, 32), (16, 32), (32,), (32,))),
 }
 
@@ -91,13 +96,12 @@ def check_results(results: list[object]) -> None:
     """Fail loudly unless every op returned DTensors of the expected global shape."""
     if len(results) != len(OPS):
         raise RuntimeError(f"eager op list returned {len(results)} results for {len(OPS)} ops")
-    for (name, (_, expected)), result in zip(OPS.items(), results):
+    for (name, (_, want)), result in zip(OPS.items(), results):
         got = result if isinstance(result, tuple) else (result,)
-        want = expected if isinstance(expected[0], tuple) else (expected,)  # type: ignore[index]
         if len(got) != len(want):
             raise RuntimeError(f"eager op {name}: {len(got)} results, expected {len(want)}")
         for k, (g, w) in enumerate(zip(got, want)):
             if not isinstance(g, DTensor):
                 raise RuntimeError(f"eager op {name} result {k}: {type(g).__name__}, not a DTensor")
-            if tuple(g.shape) != tuple(w):  # type: ignore[arg-type]
+            if tuple(g.shape) != w:
                 raise RuntimeError(f"eager op {name} result {k}: shape {tuple(g.shape)}, expected {w}")

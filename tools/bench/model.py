@@ -8,11 +8,15 @@ small enough to walk in seconds; dims are tiny, only the op mix matters.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ def llama_block(x: torch.Tensor, params: list[torch.Tensor], d: LlamaDims) -> to
     return x + F.linear(F.silu(F.linear(h, w_gate)) * F.linear(h, w_up), w_down)
 
 
-def llama_step(d: LlamaDims):  # type: ignore[no-untyped-def]
+def llama_step(d: LlamaDims) -> Callable[..., tuple[torch.Tensor, ...]]:
     """``step(x, *params) -> (loss, *grads)``: forward, a scalar loss, backward."""
     per_block = len(block_param_shapes(d))
 

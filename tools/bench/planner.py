@@ -173,11 +173,11 @@ class PlannerWalk:
         if isinstance(arg, torch.fx.Node):
             return self.input_strategy(arg)
         if isinstance(arg, (list, tuple)) and any(isinstance(a, torch.fx.Node) for a in arg):
-            converted = [self.schema_arg(a) for a in arg]
             if all(isinstance(a, torch.fx.Node) for a in arg):
                 # A tensor list, wrapped as DTensor wraps one.
-                return TupleStrategy(tuple(converted) if isinstance(arg, tuple) else converted)
-            return type(arg)(converted)
+                children = [self.input_strategy(a) for a in arg]
+                return TupleStrategy(tuple(children) if isinstance(arg, tuple) else children)
+            return type(arg)([self.schema_arg(a) for a in arg])
         return arg
 
     def schema_for(self, node: torch.fx.Node) -> OpSchema:
@@ -368,6 +368,7 @@ class StockRepair:
         self, schema: OpSchema, registry: str, inputs: list[OpStrategy], metas: Metas
     ) -> StrategyType | None:
         op = schema.op
+        strategy: StrategyType | None
         if registry == "single_dim":
             strategy = self.expand_single_dim(schema, inputs, metas)
         elif registry == "op_strategy":

@@ -22,15 +22,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from unittest import mock
 
 from torch.testing._internal.common_utils import run_tests, TestCase
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "build.py"
 
 
-def _load_build_tool():
+def _load_build_tool() -> ModuleType:
     """Import tools/build.py by path (a `tools` package elsewhere can't shadow it)."""
     spec = importlib.util.spec_from_file_location("dtensor_build_tool", BUILD_SCRIPT)
     if spec is None or spec.loader is None:
@@ -41,7 +45,11 @@ def _load_build_tool():
     return module
 
 
-bt = _load_build_tool()
+if TYPE_CHECKING:
+    # the module the loader returns, as the type checker knows it
+    import tools.build as bt
+else:
+    bt = _load_build_tool()
 
 PROP = "torch/distributed/tensor/_sharding_prop.py"
 API = "torch/distributed/tensor/_api.py"
@@ -124,7 +132,7 @@ class FakeTreeTestCase(TestCase):
         path.write_text(text)
         return path
 
-    def build(self, force: bool = False):
+    def build(self, force: bool = False) -> bt.BuildReport:
         return bt.apply_to_tree(self.sources, self.target, force=force)
 
     def snapshot(self) -> dict[str, bytes]:

@@ -21,16 +21,24 @@ import sys
 import textwrap
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 from unittest import mock
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_build as tb
 
 from torch.testing._internal.common_utils import run_tests, TestCase
 
+if TYPE_CHECKING:
+    # the modules the imports below give at run time, as the type checker knows them
+    import tools.rebase as rebase
+    import tools.stack as stack
+    from tools.test import test_build as tb
+else:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import test_build as tb
+
+    stack = tb.bt._load_tool("stack")
+    rebase = tb.bt._load_tool("rebase")
+
 bt = tb.bt
-stack = bt._load_tool("stack")
-rebase = bt._load_tool("rebase")
 
 PROP, API, NEW_MODULE = tb.PROP, tb.API, tb.NEW_MODULE
 TEST_FILE = "test/distributed/tensor/test_strategy_contract.py"
@@ -142,7 +150,10 @@ class DeriveTest(StackTestCase):
             step_toml("second-hunk", [f"{PROP}#2"]),
         )
         derived = stack.derive_stack(self.sources, self.targets)
-        middle = derived.steps[0].after[PROP].decode()
+        after = derived.steps[0].after[PROP]
+        if after is None:
+            self.fail(f"step 1 deletes {PROP}")
+        middle = after.decode()
         self.assertIn("# contract A", middle)
         self.assertNotIn("# contract C", middle)
         self.assertEqual(derived.steps[1].after[PROP], PROP_TWO_HUNKS.encode())
@@ -204,7 +215,7 @@ class ExportStackTest(StackTestCase):
         self.default_manifest()
         real = stack.step_diff
 
-        def swapped(step):  # step 2 claims to start from pristine text that is not there
+        def swapped(step: stack.Step) -> str:  # step 2 claims to start from pristine text that is not there
             text = real(step)
             return text.replace("return x + 7\n", "return x + 70\n", 1) if step.slug == "prop" else text
 
@@ -238,6 +249,8 @@ class CheckStackTest(StackTestCase):
         self.assertEqual((self.stock / PROP).read_text(), tb.UPSTREAM[PROP])
         self.assertFalse((self.stock / NEW_MODULE).exists())
         recorded = stack.load_stack_report(report)
+        if recorded is None:
+            self.fail(f"no stack report at {report}")
         self.assertEqual(sorted(recorded["steps"]), ["api", "contract", "prop"])
         exported = stack.export_stack(self.sources, self.targets, self.tmp / "dist", lambda _: None)
         self.assertIn("1 passed", exported[0].read_text())
