@@ -516,6 +516,50 @@ C4 aten.mm.default strategy 3 redistribute_cost row 0: expected finite non-negat
             ]
         )
 
+    # ---- filled_only: what a strategy function gave, before a registry completes it ----
+
+    def test_filled_only_judges_what_is_filled_in(self) -> None:
+        """Left-out fields pass (the registry completes them); a wrong value, a spec
+        for a None result and a cost row of the wrong length do not."""
+        schema, out = self.mm_schema()
+        metas = infer_output_metas(schema)
+        a_meta = tensor_inputs(schema)[0].tensor_meta
+        left_out = OpSpec(self.spec(None, (S0, R)), None, None)
+        wrong = [
+            self.op_spec(schema, self.spec(a_meta)),  # C1: an input's meta
+            self.op_spec(schema, self.spec(out), [self.spec(out), self.spec(None)]),  # C3
+            self.op_spec(schema, self.spec(out), costs=[[0.0], [0.0, 0.0]]),  # C4
+        ]
+        strategy = OpStrategy([left_out, *wrong])
+        self.assertEqual(
+            located(check_strategy_contract(schema, strategy, metas, filled_only=True)),
+            [("C1", None, 1, "output"), ("C3", None, 2, "input 0"),
+             ("C4", None, 3, "redistribute_cost row 1")],
+        )
+        # the full check also names what was left out
+        full = located(check_strategy_contract(schema, strategy, metas))
+        self.assertIn(("C1", None, 0, "output"), full)
+        self.assertIn(("C3", None, 0, "input_specs"), full)
+        self.assertIn(("C4", None, 0, "redistribute_cost"), full)
+        self.assertIn(("C3", None, 2, "input 1"), full)
+
+    def test_filled_only_spec_for_none_result(self) -> None:
+        x = torch.randn(4, 6)
+        schema = OpSchema(
+            aten.native_layer_norm_backward.default,
+            (op_strategy(self.m, meta_of(x)), op_strategy(self.m, meta_of(x)), [6],
+             op_strategy(self.m, meta_of(torch.randn(4, 1))),
+             op_strategy(self.m, meta_of(torch.randn(4, 1))), None, None,
+             [True, False, False]),
+            {},
+        )
+        metas = infer_output_metas(schema)
+        given = OpStrategy([OpSpec((self.spec(metas[0]), self.spec(None), None), None, None)])
+        self.assertEqual(
+            located(check_strategy_contract(schema, given, metas, filled_only=True)),
+            [("C2", None, 0, "output 1")],
+        )
+
     def test_c5_complete_tuple_strategy_passes(self) -> None:
         schema, outs = self.foreach_add_schema()
         self.assertEqual(infer_output_metas(schema), outs)

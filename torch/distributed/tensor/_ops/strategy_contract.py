@@ -309,11 +309,17 @@ def infer_output_metas(op_schema: OpSchema, data_dependent: bool = True) -> Outp
 
 
 class _Checker:
-    """Collects the violations of one strategy against one op schema."""
+    """Collects the violations of one strategy against one op schema.
 
-    def __init__(self, op: OpOverload) -> None:
+    With ``filled_only``, only what a strategy function filled in is judged: a field
+    left ``None``, a single spec standing for every output and counts the finalizer
+    rejects on its own pass (strict mode's check of what a strategy gave).
+    """
+
+    def __init__(self, op: OpOverload, filled_only: bool = False) -> None:
         self.op = op
         self.op_name = str(op)
+        self.filled_only = filled_only
         self.violations: list[ContractViolation] = []
 
     def add(
@@ -347,12 +353,15 @@ class _Checker:
             return
         if isinstance(metas, TensorMeta):
             if not isinstance(out, DTensorSpec):
-                self.add("C2", index, "output", "a DTensorSpec (op returns one tensor)", _describe_spec(out), child)
+                if not self.filled_only:
+                    self.add("C2", index, "output", "a DTensorSpec (op returns one tensor)", _describe_spec(out), child)
                 return
             self.check_one_output(index, "output", out, metas, child)
             return
         # Several results: a tuple/list with one entry per result.
         if not isinstance(out, (tuple, list)) or len(out) != len(metas):
+            if self.filled_only:
+                return
             self.add(
                 "C2", index, "output",
                 f"a tuple of {len(metas)} output specs", _describe_spec(out), child,
@@ -364,11 +373,11 @@ class _Checker:
                 if o is not None:
                     self.add("C2", index, where, "None (result is None)", _describe_spec(o), child)
             elif isinstance(m, TensorMeta):
-                if not isinstance(o, DTensorSpec):
-                    self.add("C2", index, where, "a DTensorSpec (result is a tensor)", _describe_spec(o), child)
-                else:
+                if isinstance(o, DTensorSpec):
                     self.check_one_output(index, where, o, m, child)
-            else:
+                elif not self.filled_only:
+                    self.add("C2", index, where, "a DTensorSpec (result is a tensor)", _describe_spec(o), child)
+            elif not self.filled_only:
                 # A nested list result (e.g. one return of a fused multi-list op)
                 # is only described per element by TupleStrategy children.
                 self.add("C2", index, where, "a TupleStrategy for a list result", _describe_spec(o), child)
@@ -377,6 +386,8 @@ class _Checker:
         self, index: int, where: str, out: DTensorSpec, meta: TensorMeta, child: int | None
     ) -> None:
         got = out.tensor_meta
+        if got is None and self.filled_only:
+            return
         if got is None or not _metas_equal(got, meta):
             self.add("C1", index, where, _describe_meta(meta), _describe_meta(got), child)
 
@@ -384,15 +395,21 @@ class _Checker:
         self, index: int, spec: OpSpec, inputs: list[OpStrategy], child: int | None
     ) -> None:
         if spec.input_specs is None:
-            self.add("C3", index, "input_specs", f"{len(inputs)} input specs", "None", child)
+            if not self.filled_only:
+                self.add("C3", index, "input_specs", f"{len(inputs)} input specs", "None", child)
         elif len(spec.input_specs) != len(inputs):
-            self.add(
-                "C3", index, "input_specs", f"{len(inputs)} input specs",
-                f"{len(spec.input_specs)} input specs", child,
-            )
+            if not self.filled_only:
+                    self.add(
+                    "C3", index, "input_specs", f"{len(inputs)} input specs",
+                    f"{len(spec.input_specs)} input specs", child,
+                )
         else:
             for pos, (got, inp) in enumerate(zip(spec.input_specs, inputs)):
                 expected = inp.strategies[0].output_spec.tensor_meta
+                if self.filled_only and (
+                    not isinstance(got, DTensorSpec) or got.tensor_meta is None or expected is None
+                ):
+                    continue
                 if not isinstance(got, DTensorSpec):
                     self.add("C3", index, f"input {pos}", "a DTensorSpec", _describe_spec(got), child)
                 elif got.tensor_meta is None or expected is None or not _metas_equal(
@@ -404,7 +421,8 @@ class _Checker:
                     )
         costs = spec.redistribute_cost
         if costs is None:
-            self.add("C4", index, "redistribute_cost", f"{len(inputs)} rows", "None", child)
+            if not self.filled_only:
+                self.add("C4", index, "redistribute_cost", f"{len(inputs)} rows", "None", child)
             return
         if len(costs) != len(inputs):
             self.add("C4", index, "redistribute_cost", f"{len(inputs)} rows", f"{len(costs)} rows", child)
@@ -444,6 +462,7 @@ def check_strategy_contract(
     op_schema: OpSchema,
     strategy: StrategyType,
     output_metas: OutputMetas,
+    filled_only: bool = False,
 ) -> list[ContractViolation]:
     """Return every violation of C1-C5 by ``strategy`` for ``op_schema``.
 
@@ -453,8 +472,10 @@ def check_strategy_contract(
             the input's ``tensor_meta``).
         strategy: what the strategy machinery returned.
         output_metas: the expected results, as :func:`infer_output_metas` gives them.
+        filled_only: judge only the fields the strategy filled in (see ``_Checker``);
+            for a strategy function's own result, before a registry completes it.
     """
-    checker = _Checker(op_schema.op)
+    checker = _Checker(op_schema.op, filled_only)
     if isinstance(strategy, OpStrategy):
         checker.check_op_strategy(strategy, tensor_inputs(op_schema), output_metas)
     elif isinstance(strategy, TupleStrategy):
