@@ -399,7 +399,7 @@ class _Checker:
                 self.add("C3", index, "input_specs", f"{len(inputs)} input specs", "None", child)
         elif len(spec.input_specs) != len(inputs):
             if not self.filled_only:
-                    self.add(
+                self.add(
                     "C3", index, "input_specs", f"{len(inputs)} input specs",
                     f"{len(spec.input_specs)} input specs", child,
                 )
