@@ -635,7 +635,7 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
     out.append(h("Contract violations, stock vs built"))
     out.append(
         "Clause cells: OpSpecs violating the clause (ops). `errors`: strategy queries that raised. "
-        "`refused`: runtime queries DTensor deliberately refuses (see \"Runtime refusals\" below; a right "
+        "`refused`: runtime queries DTensor deliberately refuses (see 'Runtime refusals' below; a right "
         "answer, not an error). `no strategy`: queries answered with None (op unsupported for that input)."
     )
     out.append("")

@@ -369,6 +369,9 @@ class QueryTimeout(BaseException):
     fallbacks, for instance) and ``RegistrySweep.ask`` cannot swallow it.
     """
 
+    # where the query was when its time ran out (set by time_limit)
+    where: str = ""
+
 
 @contextlib.contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
@@ -423,7 +426,7 @@ class Auditor:
         self.selections: dict[str, dict] = {}
         self.infer_failed: dict[str, dict] = {}
         self.slow: list[tuple[float, str]] = []
-        self.op_seconds: Counter = Counter()
+        self.op_seconds: dict[str, float] = defaultdict(float)
 
     @staticmethod
     def _make_meshes(spec: str) -> list[tuple[str, Any]]:
@@ -766,7 +769,8 @@ def main(argv: list[str] | None = None) -> int:
         "coverage": coverage(sweep, auditor.p, captured, queried),
         "selections": auditor.selections,
         "slowest_queries": [{"seconds": round(s, 3), "query": q} for s, q in slow],
-        "slowest_ops": [{"seconds": round(s, 2), "op": o} for o, s in auditor.op_seconds.most_common(15)],
+        "slowest_ops": [{"seconds": round(s, 2), "op": o}
+                        for o, s in sorted(auditor.op_seconds.items(), key=lambda kv: -kv[1])[:15]],
         "timing": {
             "startup_s": round(t_import - t_start, 1),
             "capture_s": round(t_capture - t_import, 1),

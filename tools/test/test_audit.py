@@ -14,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 
@@ -24,9 +26,10 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch
 import torch.distributed as dist
+from torch._ops import OpOverload
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -75,16 +78,16 @@ def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
     return TensorMeta(shape=t.shape, stride=t.stride(), dtype=dtype)
 
 
-def _call(op, args, kwargs=None):
+def _call(op: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
     """A captured call as contract_sweep's recorder makes it (tensors as TensorMeta)."""
     return worker.load_contract_sweep().CapturedCall(op, args, kwargs or {}, "test forward")
 
 
 @contextlib.contextmanager
-def planted(op, strategy_fn):
+def planted(op: OpOverload, strategy_fn: Callable[..., Any]) -> Iterator[None]:
     """Make ``op`` answer through ``strategy_fn`` (an op strategy) only."""
     p = DTensor._op_dispatcher.sharding_propagator
-    saved = {
+    saved: dict[str, Any] = {
         "single": p.op_single_dim_strategy_funcs.pop(op, None),
         "strategy": p.op_strategy_funcs.pop(op, None),
     }
@@ -192,15 +195,17 @@ class TestAuditInProcess(TestCase):
         # the selection raised too, and is recorded as such
         self.assertTrue(all("error" in v for v in a.selections.values()))
 
-    def test_runtime_refusal_counted_apart_from_errors(self):
+    def test_runtime_refusal_counted_apart_from_errors(self) -> None:
         """A runtime query DTensor deliberately refuses is counted as refused, per
         query and with its reason; the same exception from a planner query is an error."""
         sweep = worker.load_contract_sweep()
         pattern = next(iter(sweep.RUNTIME_REFUSALS))
         call = _call(aten.t.default, (_meta(4, 6),))
 
-        def refuse_sharded(op_schema):
+        def refuse_sharded(op_schema: OpSchema) -> OpStrategy:
             inp = op_schema.args_schema[0]
+            if not isinstance(inp, OpStrategy):
+                raise TypeError(f"{op_schema.op}: expected an OpStrategy input, got {type(inp).__name__}")
             if any(not c.output_spec.is_replicated() for c in inp.strategies):
                 raise RuntimeError(f"{op_schema.op}: {pattern}")
             return _no_meta_strategy(op_schema)
@@ -270,7 +275,7 @@ class TestAuditInProcess(TestCase):
         self.assertEqual(r["c5_by_child_clause"], {"C1": 4})
         self.assertEqual(r["violations"]["C1"], 0)
 
-    def test_unregistered_op_named(self):
+    def test_unregistered_op_named(self) -> None:
         a = self.auditor()
         with mock.patch.object(a.sweep, "strategy_registry", lambda op: None):
             with self.assertRaisesRegex(ValueError, "aten.t.default"):
@@ -291,18 +296,18 @@ class TestAuditInProcess(TestCase):
 
 
 class TestStrictRule(TestCase):
-    def test_violations_errors_refusals_and_selection_mismatches(self):
+    def test_violations_errors_refusals_and_selection_mismatches(self) -> None:
         import importlib
 
         orchestrator = importlib.import_module("tools.audit.__main__")
-        rec = {
+        rec: dict[str, Any] = {
             "torch": "built", "mode": "runtime", "mesh": "4",
             "violating_ops": [{"op": "aten.a.default", "specs_by_clause": {"C1": 2, "C4": 1}}],
             "error_details": [{"op": "aten.b.default", "count": 3}],
             "refusal_details": [{"op": "aten.c.default", "refusal": "x", "count": 5}],
         }
         stock = dict(rec, torch="stock")
-        merged = {"results": [stock, rec], "selections": {"mismatches": []}}
+        merged: dict[str, Any] = {"results": [stock, rec], "selections": {"mismatches": []}}
         reasons = orchestrator.strict_failures(merged)
         self.assertEqual(len(reasons), 2)
         self.assertIn("3 OpSpec violations in 1 ops", reasons[0])
