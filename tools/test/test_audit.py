@@ -14,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 
@@ -24,10 +26,10 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch
 import torch.distributed as dist
+from torch._ops import OpOverload
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._decompositions import DecompShardingStrategy
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSpec, OpStrategy, OutputSharding, TupleStrategy
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -76,43 +78,28 @@ def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
     return TensorMeta(shape=t.shape, stride=t.stride(), dtype=dtype)
 
 
-def _call(op, args, kwargs=None) -> worker.Call:
-    kwargs = kwargs or {}
-    key = f"{op}|{worker.canon(args)}|{worker.canon(kwargs)}"
-    return worker.Call(op, args, kwargs, key, "forward", "test", ())
+def _call(op: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+    """A captured call as contract_sweep's recorder makes it (tensors as TensorMeta)."""
+    return worker.load_contract_sweep().CapturedCall(op, args, kwargs or {}, "test forward")
 
 
 @contextlib.contextmanager
-def planted(op, strategy_fn=None, rule_fn=None):
-    """Make ``op`` answer through ``strategy_fn`` (op strategy) or ``rule_fn`` (rule) only."""
+def planted(op: OpOverload, strategy_fn: Callable[..., Any]) -> Iterator[None]:
+    """Make ``op`` answer through ``strategy_fn`` (an op strategy) only."""
     p = DTensor._op_dispatcher.sharding_propagator
-    saved = {
+    saved: dict[str, Any] = {
         "single": p.op_single_dim_strategy_funcs.pop(op, None),
         "strategy": p.op_strategy_funcs.pop(op, None),
-        "rule": p.op_to_rules.pop(op, None),
     }
-    with contextlib.ExitStack() as stack:
-        if strategy_fn is not None:
-            p.op_strategy_funcs[op] = strategy_fn
-        if rule_fn is not None:
-            p.op_to_rules[op] = rule_fn
-            real = DecompShardingStrategy.has_decomp
-            stack.enter_context(
-                mock.patch.object(
-                    DecompShardingStrategy, "has_decomp", staticmethod(lambda o: o != op and real(o))
-                )
-            )
-        try:
-            yield
-        finally:
-            p.op_strategy_funcs.pop(op, None)
-            p.op_to_rules.pop(op, None)
-            if saved["single"] is not None:
-                p.op_single_dim_strategy_funcs[op] = saved["single"]
-            if saved["strategy"] is not None:
-                p.op_strategy_funcs[op] = saved["strategy"]
-            if saved["rule"] is not None:
-                p.op_to_rules[op] = saved["rule"]
+    p.op_strategy_funcs[op] = strategy_fn
+    try:
+        yield
+    finally:
+        p.op_strategy_funcs.pop(op, None)
+        if saved["single"] is not None:
+            p.op_single_dim_strategy_funcs[op] = saved["single"]
+        if saved["strategy"] is not None:
+            p.op_strategy_funcs[op] = saved["strategy"]
 
 
 def _no_meta_strategy(op_schema):
@@ -161,17 +148,17 @@ class TestAuditInProcess(TestCase):
         return next(r for r in auditor.results() if r["mode"] == mode and r["mesh"] == mesh)
 
     def test_violation_counted_under_its_clause(self):
-        call = _call(aten.t.default, (worker.TArg(_meta(4, 6)),))
+        call = _call(aten.t.default, (_meta(4, 6),))
         a = self.auditor()
-        with planted(aten.t.default, strategy_fn=_no_meta_strategy):
-            self.assertEqual(a.registry(aten.t.default), "op_strategy")
-            a.audit_call(call, "op_strategy")
+        with planted(aten.t.default, _no_meta_strategy):
+            self.assertEqual(a.sweep.strategy_registry(aten.t.default), "op_strategy")
+            a.audit_call(call)
         # runtime: all-Replicate and Shard(0) (4 >= mesh size 4): one OpSpec each
         rt = self.result(a, "runtime", "4")
         self.assertEqual(rt["ops_sampled"], 1)
         self.assertEqual(rt["ops_with_violations"], 1)
         self.assertEqual(rt["violations"], {"C1": 2, "C2": 0, "C3": 0, "C4": 2, "C5": 0})
-        self.assertEqual(rt["errors"], 0)
+        self.assertEqual((rt["errors"], rt["refused"]), (0, 0))
         # planner: candidates R, S(0), S(1), P -> one OpSpec each
         pl = self.result(a, "planner", "4")
         self.assertEqual(pl["violations"], {"C1": 4, "C2": 0, "C3": 0, "C4": 4, "C5": 0})
@@ -182,17 +169,20 @@ class TestAuditInProcess(TestCase):
         self.assertIn("-1.0", entry["examples"]["C4"]["violation"])
         self.assertEqual(pl["by_registry"]["op_strategy"]["violations"]["C1"], 4)
         # the runtime selection was recorded for both inputs
-        self.assertEqual(sorted(k.split("|", 1)[1] for k in a.selections), ["4|R", "4|S0"])
+        self.assertEqual(
+            sorted(k.split("|", 1)[1] for k in a.selections), ["4|all Replicate", "4|input 0 Shard(0)"]
+        )
 
     def test_exception_reported_with_op_and_message(self):
-        call = _call(aten.t.default, (worker.TArg(_meta(4, 6)),))
+        call = _call(aten.t.default, (_meta(4, 6),))
         a = self.auditor(meshes="2x2")
-        with planted(aten.t.default, strategy_fn=_raising_strategy):
-            a.audit_call(call, "op_strategy")
+        with planted(aten.t.default, _raising_strategy):
+            a.audit_call(call)
         for mode in ("runtime", "planner"):
             r = self.result(a, mode, "2x2")
             self.assertGreater(r["errors"], 0)
             self.assertEqual(r["ops_with_errors"], 1)
+            self.assertEqual(r["refused"], 0)
             self.assertEqual(sum(r["violations"].values()), 0)
             (err,) = r["error_details"]
             self.assertEqual(err["op"], "aten.t.default")
@@ -200,12 +190,44 @@ class TestAuditInProcess(TestCase):
             self.assertEqual(err["type"], "ValueError")
             self.assertEqual(err["message"], "planted failure")
             self.assertEqual(err["mesh"], "2x2")
+            self.assertEqual(err["source"], "test forward")
             self.assertIn("_raising_strategy", err["raised_at"])
         # the selection raised too, and is recorded as such
         self.assertTrue(all("error" in v for v in a.selections.values()))
 
+    def test_runtime_refusal_counted_apart_from_errors(self) -> None:
+        """A runtime query DTensor deliberately refuses is counted as refused, per
+        query and with its reason; the same exception from a planner query is an error."""
+        sweep = worker.load_contract_sweep()
+        pattern = next(iter(sweep.RUNTIME_REFUSALS))
+        call = _call(aten.t.default, (_meta(4, 6),))
+
+        def refuse_sharded(op_schema: OpSchema) -> OpStrategy:
+            inp = op_schema.args_schema[0]
+            if not isinstance(inp, OpStrategy):
+                raise TypeError(f"{op_schema.op}: expected an OpStrategy input, got {type(inp).__name__}")
+            if any(not c.output_spec.is_replicated() for c in inp.strategies):
+                raise RuntimeError(f"{op_schema.op}: {pattern}")
+            return _no_meta_strategy(op_schema)
+
+        a = self.auditor()
+        with planted(aten.t.default, refuse_sharded):
+            a.audit_call(call)
+        rt = self.result(a, "runtime", "4")
+        # all-Replicate answered (and judged), Shard(0) refused
+        self.assertEqual((rt["queries"], rt["refused"], rt["errors"]), (2, 1, 0))
+        self.assertEqual(rt["violations"]["C1"], 1)
+        (ref,) = rt["refusal_details"]
+        self.assertEqual((ref["op"], ref["refusal"]), ("aten.t.default", pattern))
+        self.assertEqual(ref["reason"], sweep.RUNTIME_REFUSALS[pattern])
+        self.assertIn("input 0 Shard(0)", ref["query"])
+        self.assertEqual(rt["error_details"], [])
+        pl = self.result(a, "planner", "4")
+        self.assertEqual((pl["refused"], pl["errors"]), (0, 1))
+        self.assertIn(pattern, pl["error_details"][0]["message"])
+
     def test_hanging_query_reported_as_timeout(self):
-        call = _call(aten.t.default, (worker.TArg(_meta(4, 6)),))
+        call = _call(aten.t.default, (_meta(4, 6),))
 
         def spin(op_schema):
             while True:
@@ -213,8 +235,8 @@ class TestAuditInProcess(TestCase):
 
         a = self.auditor(modes="planner")
         a.args.query_timeout = 0.3
-        with planted(aten.t.default, strategy_fn=spin):
-            a.audit_call(call, "op_strategy")
+        with planted(aten.t.default, spin):
+            a.audit_call(call)
         r = self.result(a, "planner", "4")
         self.assertEqual(r["errors"], 1)
         (err,) = r["error_details"]
@@ -223,7 +245,7 @@ class TestAuditInProcess(TestCase):
 
     def test_tuple_strategy_child_counted_as_c5(self):
         metas = [_meta(4, 3), _meta(5)]
-        call = _call(aten._foreach_neg.default, ([worker.TArg(m) for m in metas],))
+        call = _call(aten._foreach_neg.default, (metas,))
 
         def tuple_strategy(op_schema):
             (lst,) = op_schema.args_schema
@@ -245,63 +267,55 @@ class TestAuditInProcess(TestCase):
             )
 
         a = self.auditor(modes="runtime")
-        with planted(aten._foreach_neg.default, strategy_fn=tuple_strategy):
-            a.audit_call(call, "op_strategy")
+        with planted(aten._foreach_neg.default, tuple_strategy):
+            a.audit_call(call)
         r = self.result(a, "runtime", "4")
         # R config: 2 children x 1 OpSpec; S0 config (first tensor 4 >= 4): 2 more
         self.assertEqual(r["violations"]["C5"], 4)
         self.assertEqual(r["c5_by_child_clause"], {"C1": 4})
         self.assertEqual(r["violations"]["C1"], 0)
 
-    def test_rule_held_to_c1_c2_only(self):
-        call = _call(aten.t.default, (worker.TArg(_meta(4, 6)),))
-
-        def rule(op_schema):
-            spec = op_schema.args_schema[0]
-            return OutputSharding(DTensorSpec(spec.mesh, spec.placements))  # no tensor_meta
-
+    def test_unregistered_op_named(self) -> None:
         a = self.auditor()
-        with planted(aten.t.default, rule_fn=rule):
-            self.assertEqual(a.registry(aten.t.default), "rules")
-            a.audit_call(call, "rules")
-        r = self.result(a, "runtime", "4")
-        self.assertEqual(r["violations"], {"C1": 2, "C2": 0, "C3": 0, "C4": 0, "C5": 0})
-        self.assertEqual(r["by_registry"]["rules"]["ops_with_violations"], 1)
-        # rules have no candidates: nothing is asked in planner mode
-        self.assertEqual(self.result(a, "planner", "4")["ops_sampled"], 0)
+        with mock.patch.object(a.sweep, "strategy_registry", lambda op: None):
+            with self.assertRaisesRegex(ValueError, "aten.t.default"):
+                a.audit_call(_call(aten.t.default, (_meta(4, 6),)))
 
     def test_planner_candidates(self):
         a = self.auditor(meshes="4,2x2")
+        candidates = a.registry_sweep.candidates
         mesh4 = a.meshes[0][1]
-        cands = a.candidates(_meta(4, 3), mesh4)
+        cands = candidates(mesh4, _meta(4, 3))
         self.assertEqual([str(c) for c in cands[:1]], ["(Replicate(),)"])
         self.assertEqual(len(cands), 3)  # R, S(0), P: dim 1 (3) < 4 cannot be sharded
-        self.assertEqual(len(a.candidates(_meta(4, 3, dtype=torch.int64), mesh4)), 2)  # no Partial
+        self.assertEqual(len(candidates(mesh4, _meta(4, 3, dtype=torch.int64))), 2)  # no Partial
         mesh22 = a.meshes[1][1]
-        cands = a.candidates(_meta(4, 3, 2), mesh22)
+        cands = candidates(mesh22, _meta(4, 3, 2))
         self.assertEqual(len(cands), 16)  # 5 x 5 combinations, capped
         self.assertEqual(str(cands[0]), "(Replicate(), Replicate())")
 
 
 class TestStrictRule(TestCase):
-    def test_skip_list_and_selection_mismatches(self):
+    def test_violations_errors_refusals_and_selection_mismatches(self) -> None:
         import importlib
 
         orchestrator = importlib.import_module("tools.audit.__main__")
-        rec = {
+        rec: dict[str, Any] = {
             "torch": "built", "mode": "runtime", "mesh": "4",
             "violating_ops": [{"op": "aten.a.default", "specs_by_clause": {"C1": 2, "C4": 1}}],
             "error_details": [{"op": "aten.b.default", "count": 3}],
+            "refusal_details": [{"op": "aten.c.default", "refusal": "x", "count": 5}],
         }
         stock = dict(rec, torch="stock")
-        merged = {"results": [stock, rec], "skips": [], "selections": {"mismatches": []}}
+        merged: dict[str, Any] = {"results": [stock, rec], "selections": {"mismatches": []}}
         reasons = orchestrator.strict_failures(merged)
         self.assertEqual(len(reasons), 2)
         self.assertIn("3 OpSpec violations in 1 ops", reasons[0])
         self.assertIn("3 errors", reasons[1])
-        merged["skips"] = [{"op": "aten.a.default", "reason": "r"}]
+        # built's refusals never fail --strict (nor does anything of stock's)
+        rec["violating_ops"] = []
         self.assertEqual(len(orchestrator.strict_failures(merged)), 1)
-        merged["skips"].append({"op": "aten.b.default", "reason": "r"})
+        rec["error_details"] = []
         self.assertEqual(orchestrator.strict_failures(merged), [])
         merged["selections"]["mismatches"] = [{"key": "k", "kind": "newly_supported"}]
         self.assertEqual(orchestrator.strict_failures(merged), [])
@@ -434,7 +448,7 @@ class TestParityComparison(TestCase):
         p = self.compared({k: PARITY_STOCK[k] for k in ok}, {k: PARITY_BUILT[k] for k in ok})
         self.assertEqual(orch.parity_strict_failures(p), [])
         # the full --strict rule includes parity next to the contract
-        merged = {"results": [], "skips": [], "selections": {"mismatches": []}, "parity": self.compared()}
+        merged = {"results": [], "selections": {"mismatches": []}, "parity": self.compared()}
         self.assertEqual(len(orch.strict_failures(merged)), 2)
         del merged["parity"]
         self.assertEqual(orch.strict_failures(merged), [])
@@ -605,6 +619,10 @@ class TestAuditSubprocess(TestCase):
             self.assertIsInstance(r["by_registry"], dict)
         for reg in ("single_dim", "op_strategy", "decomposition", "rules"):
             self.assertIn(reg, doc["coverage"])
+        for r in doc["results"]:
+            self.assertIsInstance(r["refused"], int)
+            self.assertIsInstance(r["refusal_details"], list)
+        self.assertIn("DynamicOutputShapeException", doc["refusal_reasons"])
         self.assertTrue(doc["selections"])
         self.assertGreater(doc["capture"]["stats"]["samples"], 0)
         # every cache the change adds is reported, filled and within its bound
@@ -636,7 +654,7 @@ class TestAuditSubprocess(TestCase):
         self.assertIn("C1", t["specs_by_clause"])
         err = next(e for e in r["error_details"] if e["op"] == "aten.split.Tensor")
         self.assertEqual((err["type"], err["message"]), ("RuntimeError", "planted by test_audit"))
-        self.assertIsInstance(doc["skips"], list)
+        self.assertIn("refusal_reasons", doc)
         self.assertTrue(doc["strict"]["failures"])
         self.assertIn("| runtime | 4 | built |", md)
 
