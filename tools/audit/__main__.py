@@ -16,8 +16,11 @@ standard library: it merges both, prints the side-by-side tables and writes
 ``reports/audit.json`` and ``reports/audit.md``.
 
 ``--strict`` fails when the built torch has any contract violation, any exception
-while a strategy is queried (ops in ``tools/audit/skips.py`` are not queried), or
-when a runtime selection (output placements, redistribution) differs from stock.
+while a strategy is queried, or when a runtime selection (output placements,
+redistribution) differs from stock. A runtime query DTensor deliberately refuses
+(``contract_sweep.runtime_refusal``: an in-place op whose self would move, a
+data-dependent result size, ...) is a right answer: counted as ``refused``, per
+query, never as an error.
 
 ``--parity`` then runs ``tools/audit/parity.py`` under stock and under built, one
 after the other (never in parallel, so their times compare): DTensor eager over the
@@ -246,7 +249,7 @@ def compare_selections(docs: dict[str, dict]) -> dict:
     }
 
 
-def merge(docs: dict[str, dict], skips: dict[str, str]) -> dict:
+def merge(docs: dict[str, dict]) -> dict:
     results = []
     for role in ROLES:
         if role not in docs:
@@ -256,7 +259,8 @@ def merge(docs: dict[str, dict], skips: dict[str, str]) -> dict:
     sel = compare_selections(docs)
     merged = {
         "results": results,
-        "skips": [{"op": op, "reason": reason} for op, reason in sorted(skips.items())],
+        # what each refusal key means (contract_sweep.RUNTIME_REFUSALS / RUNTIME_REFUSAL_TYPES)
+        "refusal_reasons": {k: v for d in docs.values() for k, v in d.get("refusal_reasons", {}).items()},
         "selections": sel,
         "coverage": {role: docs[role]["coverage"] for role in docs},
         "capture": {role: docs[role]["capture"] for role in docs},
@@ -416,21 +420,20 @@ def parity_strict_failures(parity: dict | None) -> list[str]:
     return reasons
 
 
-def outside_skips(rec: dict, skips: set[str]) -> tuple[int, int, int]:
-    """(OpSpec violations, ops with violations, errors) of one result, skip-listed ops left out."""
-    nviol = sum(sum(v["specs_by_clause"].values()) for v in rec.get("violating_ops", []) if v["op"] not in skips)
-    nops = sum(1 for v in rec.get("violating_ops", []) if v["op"] not in skips)
-    nerr = sum(e["count"] for e in rec.get("error_details", []) if e["op"] not in skips)
+def strict_counts(rec: dict) -> tuple[int, int, int]:
+    """(OpSpec violations, ops with violations, errors) of one result; refusals are no errors."""
+    nviol = sum(sum(v["specs_by_clause"].values()) for v in rec.get("violating_ops", []))
+    nops = len(rec.get("violating_ops", []))
+    nerr = sum(e["count"] for e in rec.get("error_details", []))
     return nviol, nops, nerr
 
 
 def strict_failures(merged: dict) -> list[str]:
-    skips = {s["op"] for s in merged["skips"]}
     reasons = []
     for r in merged["results"]:
         if r["torch"] != "built":
             continue
-        nviol, nops, nerr = outside_skips(r, skips)
+        nviol, nops, nerr = strict_counts(r)
         if nviol:
             reasons.append(f"built {r['mode']} mesh {r['mesh']}: {nviol} OpSpec violations in {nops} ops")
         if nerr:
@@ -487,11 +490,12 @@ def summary_rows(merged: dict) -> list[list]:
             if r is None:
                 continue
             rows.append([mode, mesh, role, r["ops_sampled"], r["ops_with_violations"],
-                         *(_clause_cell(r, c) for c in CLAUSES), r["errors"], r.get("no_strategy", 0)])
+                         *(_clause_cell(r, c) for c in CLAUSES), r["errors"], r.get("refused", 0),
+                         r.get("no_strategy", 0)])
     return rows
 
 
-SUMMARY_HEADERS = ["mode", "mesh", "torch", "ops", "ops w/ viol", *CLAUSES, "errors", "no strategy"]
+SUMMARY_HEADERS = ["mode", "mesh", "torch", "ops", "ops w/ viol", *CLAUSES, "errors", "refused", "no strategy"]
 
 
 def registry_rows(merged: dict) -> list[list]:
@@ -506,7 +510,8 @@ def registry_rows(merged: dict) -> list[list]:
             if b is None:
                 continue
             rows.append([f"{r['mode']} {r['mesh']}", reg, r["torch"], b["ops_sampled"], b["ops_with_violations"],
-                         *(_clause_cell(b, c) for c in CLAUSES), b["errors"], b.get("no_strategy", 0)])
+                         *(_clause_cell(b, c) for c in CLAUSES), b["errors"], b.get("refused", 0),
+                         b.get("no_strategy", 0)])
     rows.sort(key=lambda x: (order.index(x[0]), REGISTRIES.index(x[1]), ROLES.index(x[2])))
     return rows
 
@@ -630,25 +635,23 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
     out.append(h("Contract violations, stock vs built"))
     out.append(
         "Clause cells: OpSpecs violating the clause (ops). `errors`: strategy queries that raised. "
-        "`no strategy`: queries answered with None (op unsupported for that input). "
-        "Rules (propagation rules) are held to C1/C2 only, in runtime mode."
+        "`refused`: runtime queries DTensor deliberately refuses (see 'Runtime refusals' below; a right "
+        "answer, not an error). `no strategy`: queries answered with None (op unsupported for that input)."
     )
     out.append("")
     out.append(table(SUMMARY_HEADERS, summary_rows(merged), md))
-    skips = {s["op"] for s in merged["skips"]}
-    if skips:
-        parts = []
-        for r in merged["results"]:
-            if r["torch"] == "built":
-                nviol, _, nerr = outside_skips(r, skips)
-                parts.append(f"{r['mode']} {r['mesh']}: {nviol} violations, {nerr} errors")
-        if parts:
-            out.append("")
-            out.append("Built, outside the skip list (what `--strict` checks): " + "; ".join(parts) + ".")
+    parts = []
+    for r in merged["results"]:
+        if r["torch"] == "built":
+            nviol, _, nerr = strict_counts(r)
+            parts.append(f"{r['mode']} {r['mesh']}: {nviol} violations, {nerr} errors")
+    if parts:
+        out.append("")
+        out.append("Built (what `--strict` checks): " + "; ".join(parts) + ".")
     out.append("")
     out.append(fold("Per registry"))
-    out.append(table(["mode mesh", "registry", "torch", "ops", "ops w/ viol", *CLAUSES, "errors", "no strategy"],
-                     registry_rows(merged), md))
+    out.append(table(["mode mesh", "registry", "torch", "ops", "ops w/ viol", *CLAUSES, "errors", "refused",
+                      "no strategy"], registry_rows(merged), md))
     out.append(unfold)
 
     focus = "built" if "built" in merged["coverage"] else next(iter(merged["coverage"]), None)
@@ -696,7 +699,11 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
     out.append(h("Coverage (registered ops reached by OpInfo samples)"))
     out.append(table(["registry", "torch", "registered", "reached", "not reached"], coverage_rows(merged), md))
     for role in ROLES:
-        shadowed = merged["coverage"].get(role, {}).get("rules", {}).get("shadowed_by_strategies")
+        rules = merged["coverage"].get(role, {}).get("rules", {})
+        if rules.get("registered"):
+            out.append(f"{'- ' if md else '  '}{role}: {rules['registered']} ops have only a propagation rule "
+                       f"({rules['reached']} reached); the audit (contract_sweep) does not query rules")
+        shadowed = rules.get("shadowed_by_strategies")
         if shadowed:
             out.append(f"{'- ' if md else '  '}{role}: op_to_rules entries also registered as strategies "
                        f"(their rule is never used): {', '.join(shadowed)}")
@@ -710,18 +717,22 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
             f"{'- ' if md else '  '}{role}: {st.get('opinfos', 0)} OpInfos, {st.get('samples', 0)} samples "
             f"({st.get('sample_failures', 0)} sample failures, not DTensor errors), "
             f"{st.get('aten_ops_captured', 0)} aten ops captured, {len(cov['unregistered_captured'])} of them "
-            f"unknown to DTensor; {st.get('calls_queried', 0)} calls queried; "
+            f"unknown to DTensor and {st.get('aten_ops_without_tensor_calls', 0)} only called without tensors "
+            f"(DTensor never sees those calls); {st.get('calls_queried', 0)} calls queried; "
             f"shape inference failed for {sum(d['calls'] for d in merged['infer_failed'].get(role, []))} calls "
             f"({len(merged['infer_failed'].get(role, []))} ops; skipped)"
         )
 
     out.append("")
-    out.append(h("Skip list (tools/audit/skips.py)"))
-    out.append("Skipped ops are queried and counted like any other; only `--strict` ignores their findings.")
-    if merged["skips"]:
-        out.append(table(["op", "reason"], [[s["op"], s["reason"]] for s in merged["skips"]], md))
-    else:
-        out.append("empty")
+    out.append(h("Runtime refusals (contract_sweep.runtime_refusal)"))
+    out.append(
+        "Runtime queries that raised one of the exceptions by which DTensor deliberately refuses an input "
+        "placement, classified per query by message or exception type (stock refuses the same way). They are "
+        "counted under `refused`, never as errors; the same calls are judged in planner mode."
+    )
+    rows = refusal_rows(merged)
+    out.append(table(["refusal", "torch", "ops", "queries", "where", "example ops", "why"], rows, md)
+               if rows else "none")
 
     sel = merged["selections"]
     out.append("")
@@ -868,13 +879,24 @@ def render_parity(parity: dict, md: bool, top: int) -> str:
     return "\n".join(out)
 
 
-def load_skips() -> dict[str, str]:
-    sys.path.insert(0, str(REPO_ROOT))
-    try:
-        from tools.audit.skips import SKIPS
-    finally:
-        sys.path.pop(0)
-    return dict(SKIPS)
+def refusal_rows(merged: dict) -> list[list]:
+    """Runtime refusals per refusal kind and torch: ops, queries, where, and why it is a refusal."""
+    agg: dict[tuple[str, str], dict] = {}
+    for r in merged["results"]:
+        for d in r.get("refusal_details", []):
+            e = agg.setdefault((d["refusal"], r["torch"]), {"ops": [], "count": 0, "where": set()})
+            if d["op"] not in e["ops"]:
+                e["ops"].append(d["op"])
+            e["count"] += d["count"]
+            e["where"].add(f"{r['mode']}/{r['mesh']}")
+    reasons = merged.get("refusal_reasons", {})
+    order = list(reasons)
+    rows = []
+    for (key, role), e in sorted(agg.items(), key=lambda kv: (
+            order.index(kv[0][0]) if kv[0][0] in order else len(order), kv[0][0], ROLES.index(kv[0][1]))):
+        rows.append([f"`{key}`", role, len(e["ops"]), e["count"], ",".join(sorted(e["where"])),
+                     _ops_list(sorted(e["ops"]), 4), reasons.get(key, "")])
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -909,7 +931,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-json", action="store_true", help="re-render from the worker JSON of the last run")
     ap.add_argument("--top", type=int, default=15, help="rows in the offender/mismatch lists")
     ap.add_argument("--strict", action="store_true",
-                    help="exit 1 if the built torch has violations or errors, or selections differ from stock; "
+                    help="exit 1 if the built torch has violations or errors (refusals are neither), or selections "
+                    "differ from stock; "
                     "with --parity also on any op whose eager outcome got worse or that is > 3x slower than stock")
     ap.add_argument("--parity", action="store_true",
                     help="also run the runtime parity sweep (tools/audit/parity.py): DTensor eager vs plain torch, "
@@ -949,7 +972,7 @@ def main(argv: list[str] | None = None) -> int:
             if len(roles) == 2 and args.parity_retime:
                 retime_parity(args, roles, build_dir, pdocs)
     if not args.parity_only:
-        merged = merge(docs, load_skips())
+        merged = merge(docs)
     merged.setdefault("timing", {})["orchestrator_wall_s"] = round(time.monotonic() - t0, 1)
     if parity_wanted:
         merged["parity"] = compare_parity(pdocs)

@@ -4,18 +4,21 @@ Run from the repository root (the orchestrator does this for you)::
 
     .venv/bin/python -m tools.audit.worker --role built --out /tmp/built.json --ops mm,t
 
-Steps:
+The capture, the queries and the judging of refusals are the repository's
+``contract_sweep`` (the harness the registry test sweeps with), loaded by path
+so that the stock torch, which lacks it, is swept exactly like the built one.
+This file only drives it and counts:
 
 1. an in-process fake process group (world size 8) and CPU device meshes;
-2. aten calls captured from OpInfo samples (forward, in-place variant, backward
-   of float32 samples), tensors reduced to their metadata, deduplicated and
-   capped per aten op;
-3. every captured call of an op DTensor knows (single-dim strategy, op strategy,
-   decomposition, propagation rule) is queried the way dispatch queries it
-   ("runtime": one current placement per input) and the way a planner queries it
-   ("planner": several candidate placements per input), and every returned
-   strategy is judged by the repository's ``strategy_contract.py`` checker;
-4. counts, examples, errors, coverage and DTensor's runtime selections go to JSON.
+2. ``contract_sweep.capture_calls`` over the OpInfo db (forward, in-place
+   variant, backward of float32 samples), calls capped per aten op, then
+   ``select_calls`` per op;
+3. every selected call asked through ``RegistrySweep.queries``/``ask`` the way
+   dispatch asks ("runtime": one placement per input), the way a planner asks
+   ("planner": several candidates per input) and as a rule author expands
+   single-dim rules ("utility"), each answer judged by the repository's
+   ``strategy_contract.py`` checker; DTensor's runtime selection recorded;
+4. counts, examples, errors, refusals, coverage and selections go to JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import argparse
 import contextlib
 import fnmatch
 import hashlib
-import itertools
 import signal
 import sys
 import threading
@@ -39,18 +41,18 @@ from typing import Any, TYPE_CHECKING
 from tools._modules import load_by_path, write_json_atomically
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping, Sequence
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CHECKER = REPO_ROOT / "torch/distributed/tensor/_ops/strategy_contract.py"
+CONTRACT_SWEEP = REPO_ROOT / "torch/testing/_internal/distributed/_tensor/contract_sweep.py"
 
-REGISTRIES = ("single_dim", "op_strategy", "decomposition", "rules")
+REGISTRIES = ("single_dim", "op_strategy", "decomposition")
 MODES = ("runtime", "planner", "utility")
 DTYPE_NAMES = ("float32", "bfloat16", "int64", "bool", "complex64")
-# Clauses a propagation rule can be held to: rules return an OutputSharding, not
-# OpSpecs, so there are no input_specs (C3) or redistribute costs (C4) to judge.
-RULE_CLAUSES = ("C1", "C2")
+# Samples of these dtypes also run backward (the others only forward and in-place).
+BACKWARD_DTYPE_NAMES = ("float32",)
 
 
 def _progress(role: str, phase: str, done: int, total: int) -> None:
@@ -67,8 +69,9 @@ def _short_error(exc: BaseException) -> tuple[str, str]:
 
 def _raised_at(exc: BaseException) -> str:
     """``file.py:line in func`` of the innermost frame that raised (empty messages need it)."""
-    if getattr(exc, "where", None):
-        return exc.where
+    where = getattr(exc, "where", None)
+    if where:
+        return str(where)
     tb = exc.__traceback__
     last = None
     while tb is not None:
@@ -85,9 +88,7 @@ def load_contract_sweep() -> Any:
     name = "_audit_contract_sweep"
     if name in sys.modules:
         return sys.modules[name]
-    return load_by_path(
-        name, REPO_ROOT / "torch/testing/_internal/distributed/_tensor/contract_sweep.py"
-    )
+    return load_by_path(name, CONTRACT_SWEEP)
 
 
 def load_checker(path: Path) -> Any:
@@ -96,7 +97,7 @@ def load_checker(path: Path) -> Any:
 
 
 # --------------------------------------------------------------------------------------
-# Op selection
+# Op selection (--ops)
 # --------------------------------------------------------------------------------------
 
 
@@ -157,108 +158,8 @@ class OpFilter:
 
 
 # --------------------------------------------------------------------------------------
-# Capture
+# Capture (contract_sweep.capture_calls)
 # --------------------------------------------------------------------------------------
-
-
-class TArg:
-    """A captured tensor argument, reduced to its metadata (a pytree leaf)."""
-
-    __slots__ = ("meta",)
-
-    def __init__(self, meta: Any) -> None:
-        self.meta = meta
-
-    def __repr__(self) -> str:
-        m = self.meta
-        dt = str(m.dtype).replace("torch.", "")
-        return f"T{list(m.shape)}s{list(m.stride)}:{dt}"
-
-
-def canon(x: Any) -> str:
-    """A stable text form of captured args (identical across processes and venvs)."""
-    if isinstance(x, TArg):
-        return repr(x)
-    if isinstance(x, (list, tuple)):
-        inner = ",".join(canon(e) for e in x)
-        return f"[{inner}]" if isinstance(x, list) else f"({inner})"
-    if isinstance(x, dict):
-        return "{" + ",".join(f"{k}={canon(v)}" for k, v in x.items()) + "}"
-    text = repr(x)
-    if " at 0x" in text or "object at" in text:
-        return f"<{type(x).__name__}>"
-    return text
-
-
-@dataclass
-class Call:
-    op: Any
-    args: tuple
-    kwargs: dict
-    key: str
-    source: str
-    opinfo: str
-    dtypes: tuple
-
-    @property
-    def qid(self) -> str:
-        return hashlib.sha1(self.key.encode(), usedforsecurity=False).hexdigest()[:12]
-
-
-class CaptureMode:
-    """Builds the TorchDispatchMode lazily (torch is imported by the worker's main)."""
-
-    @staticmethod
-    def make(pool: dict, pool_cap: int, stats: Counter, keep_op: Any) -> Any:
-        import torch
-        from torch.distributed.tensor._dtensor_spec import TensorMeta
-        from torch.utils import _pytree as pytree
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class _Capture(TorchDispatchMode):
-            source = "forward"
-            opinfo = ""
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                out = func(*args, **kwargs)
-                if getattr(func, "namespace", None) == "aten" and keep_op(func):
-                    self._record(func, args, kwargs)
-                return out
-
-            def _record(self, func, args, kwargs):
-                ok = True
-
-                def to_meta(x):
-                    nonlocal ok
-                    if isinstance(x, torch.Tensor):
-                        if (
-                            type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter)
-                        ) or x.layout != torch.strided or x.device.type != "cpu":
-                            ok = False
-                            return None
-                        return TArg(
-                            TensorMeta(shape=torch.Size(x.shape), stride=tuple(x.stride()), dtype=x.dtype)
-                        )
-                    return x
-
-                margs, mkwargs = pytree.tree_map(to_meta, (tuple(args), dict(kwargs)))
-                stats["calls_seen"] += 1
-                if not ok:
-                    stats["calls_non_dense"] += 1
-                    return
-                key = f"{func}|{canon(margs)}|{canon(mkwargs)}"
-                per_op = pool[func]
-                if key in per_op or len(per_op) >= pool_cap:
-                    return
-                dtypes = tuple(
-                    str(leaf.meta.dtype).replace("torch.", "")
-                    for leaf in pytree.tree_leaves((margs, mkwargs))
-                    if isinstance(leaf, TArg)
-                )
-                per_op[key] = Call(func, margs, mkwargs, key, self.source, self.opinfo, dtypes)
-
-        return _Capture()
 
 
 def _no_test_fn() -> None:
@@ -266,154 +167,69 @@ def _no_test_fn() -> None:
 
 
 def all_opinfos() -> list[Any]:
+    """The OpInfo db the registry test sweeps (the parity sweep samples it too)."""
     import torch.testing._internal.common_utils as common_utils
     import torch.testing._internal.opinfo.core as opinfo_core
 
-    # OpInfo.sample_inputs looks for the running unittest by walking the stack with
-    # inspect.stack() (to apply per-sample skips of test files). There is no test
-    # here, and that walk costs ~0.4s per call once torch.distributed is imported.
+    # OpInfo.sample_inputs (which the parity sweep calls) looks for the running
+    # unittest by walking the stack with inspect.stack(). There is no test here,
+    # and that walk costs ~0.4s per call once torch.distributed is imported.
     common_utils.extract_test_fn = _no_test_fn
     opinfo_core.extract_test_fn = _no_test_fn
-
-    # The same OpInfo lists as the registry-wide test; the repo's file is loaded by
-    # path so stock and built sample identically.
     return load_contract_sweep().opinfo_db()
 
 
-def _clone_sample(sample: Any) -> tuple[Any, tuple, dict]:
-    import torch
-    from torch.utils import _pytree as pytree
+def capture(args: argparse.Namespace, flt: OpFilter) -> tuple[Any, dict]:
+    """Run OpInfo samples under one contract_sweep CallRecorder; return it and capture stats.
 
-    def c(x):
-        return x.detach().clone() if isinstance(x, torch.Tensor) else x
-
-    return pytree.tree_map(c, (sample.input, tuple(sample.args), dict(sample.kwargs)))
-
-
-def _call_opinfo(fn: Any, inp: Any, args: tuple, kwargs: dict) -> Any:
-    return fn(inp, *args, **kwargs)
-
-
-def _backward(out: Any) -> bool:
-    import torch
-    from torch.utils import _pytree as pytree
-
-    for leaf in pytree.tree_leaves(out):
-        if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
-            if not (leaf.is_floating_point() or leaf.is_complex()):
-                continue
-            loss = leaf.abs().sum() if leaf.is_complex() else leaf.sum()
-            loss.backward()
-            return True
-    return False
-
-
-def capture(args: argparse.Namespace, flt: OpFilter) -> tuple[dict, dict]:
-    """Run OpInfo samples under the capture mode; return (pool by op, capture stats)."""
+    OpInfos an --ops pattern names record every aten call they make; with aten
+    patterns, the other OpInfos still run and record only the matching ops.
+    """
     import torch
 
+    sweep = load_contract_sweep()
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    infos = all_opinfos()
+    backward_dtypes = {getattr(torch, d) for d in BACKWARD_DTYPE_NAMES}
     chosen: list[tuple[Any, bool]] = []  # (info, keep every op it calls)
-    for info in infos:
-        if not flt.active:
-            chosen.append((info, True))
-        elif flt.opinfo_selected(info):
+    for info in all_opinfos():
+        if not flt.active or flt.opinfo_selected(info):
             chosen.append((info, True))
         elif flt.aten_patterns:
             chosen.append((info, False))
 
-    pool: dict[Any, dict[str, Call]] = defaultdict(dict)
-    stats: Counter = Counter()
-    failures: Counter = Counter()
-    keep_all = [True]
-
-    def keep_op(func: Any) -> bool:
-        return keep_all[0] or flt.aten_selected(func)
-
-    mode = CaptureMode.make(pool, args.pool_cap, stats, keep_op)
+    recorder = sweep.CallRecorder(args.pool_cap)
+    counts: Counter = Counter()
     last = 0.0
     for n, (info, everything) in enumerate(chosen, 1):
-        keep_all[0] = everything
-        mode.opinfo = opinfo_label(info)
-        try:
-            supported = info.supported_dtypes("cpu")
-        except Exception:
-            supported = set()
-        for dtype in dtypes:
-            if dtype not in supported:
-                continue
-            grad = dtype == torch.float32 and bool(getattr(info, "supports_autograd", False))
-            extra = {}
-            if args.foreach_tensors and type(info).__name__ == "ForeachFuncInfo":
-                # foreach samples default to lists of 20+ tensors (shapes N-i x N-i); a
-                # shorter list keeps shardable and unshardable elements at a fraction
-                # of the query time (every element is one TupleStrategy child).
-                extra["num_input_tensors"] = [args.foreach_tensors]
-            try:
-                samples = list(
-                    itertools.islice(
-                        info.sample_inputs("cpu", dtype, requires_grad=grad, **extra), args.max_samples
-                    )
-                )
-            except Exception as e:
-                stats["sample_generation_failures"] += 1
-                failures[f"{opinfo_label(info)}: sample_inputs: {_short_error(e)[0]}"] += 1
-                continue
-            inplace = info.get_inplace() if hasattr(info, "get_inplace") else None
-            for sample in samples:
-                stats["samples"] += 1
-                # forward (+ backward for float32 samples of differentiable ops)
-                try:
-                    with mode:
-                        mode.source = "forward"
-                        out = _call_opinfo(info, sample.input, tuple(sample.args), dict(sample.kwargs))
-                        if grad:
-                            mode.source = "backward"
-                            if _backward(out):
-                                stats["backward_runs"] += 1
-                except Exception as e:
-                    stats["sample_failures"] += 1
-                    failures[f"{opinfo_label(info)}: {mode.source}: {_short_error(e)[0]}"] += 1
-                # in-place variant on a detached copy
-                if inplace is not None:
-                    try:
-                        inp, a, kw = _clone_sample(sample)
-                        with mode:
-                            mode.source = "inplace"
-                            inplace(inp, *a, **kw)
-                        stats["inplace_runs"] += 1
-                    except Exception as e:
-                        stats["sample_failures"] += 1
-                        failures[f"{opinfo_label(info)}: inplace: {_short_error(e)[0]}"] += 1
+        recorder.keep = None if everything else flt.aten_selected
+        _, got = sweep.capture_calls(
+            [info],
+            dtypes=(),
+            extra_dtypes=dtypes,  # every dtype of the list the OpInfo supports
+            samples=args.max_samples,
+            backward=True,
+            backward_dtypes=backward_dtypes,
+            foreach_tensors=args.foreach_tensors or None,
+            recorder=recorder,
+        )
+        counts.update(got)
         now = time.monotonic()
         if now - last > 0.5 or n == len(chosen):
             _progress(args.role, "capture", n, len(chosen))
             last = now
-    stats["opinfos"] = len(chosen)
-    return pool, {"stats": dict(stats), "failures": dict(failures.most_common())}
-
-
-def select_calls(pool: dict[str, Call], cap: int) -> list[Call]:
-    """Pick up to ``cap`` calls, preferring unseen dtype signatures, then unseen sources."""
-    remaining = list(pool.values())
-    picked: list[Call] = []
-    seen_dtypes: set = set()
-    seen_sources: set = set()
-    while remaining and len(picked) < cap:
-        best = min(
-            range(len(remaining)),
-            key=lambda i: (
-                remaining[i].dtypes in seen_dtypes,
-                remaining[i].source in seen_sources,
-                i,
-            ),
-        )
-        call = remaining.pop(best)
-        picked.append(call)
-        seen_dtypes.add(call.dtypes)
-        seen_sources.add(call.source)
-    return picked
+    stats = {
+        "opinfos": counts["opinfos"],
+        "samples": counts["samples"],
+        "sample_failures": counts["samples failed"] + counts["in-place samples failed"],
+        "sample_generation_failures": counts["sample_inputs failed"],
+        "backward_runs": counts["backward runs"],
+        "inplace_runs": counts["in-place runs"],
+        "calls_seen": recorder.seen,
+        "calls_non_dense": recorder.not_dense,
+        # aten calls without a tensor argument (factories): DTensor never sees them
+        "calls_without_tensors": sum(recorder.tensorless.values()),
+    }
+    return recorder, {"stats": stats, "counts": dict(sorted(counts.items()))}
 
 
 # --------------------------------------------------------------------------------------
@@ -446,10 +262,12 @@ class Bucket:
         self.specs_checked = 0
         self.errors = 0
         self.ops_with_errors: set[str] = set()
+        self.refused = 0
+        self.ops_refused: set[str] = set()
         self.no_strategy = 0
         self.ops_no_strategy: set[str] = set()
 
-    def add(self, op: str, violations: list, n_specs: int, query_key: str) -> None:
+    def add(self, op: str, violations: Sequence[Any], n_specs: int) -> None:
         self.ops.add(op)
         self.queries += 1
         self.specs_checked += n_specs
@@ -470,6 +288,12 @@ class Bucket:
         self.errors += 1
         self.ops_with_errors.add(op)
 
+    def add_refusal(self, op: str) -> None:
+        self.ops.add(op)
+        self.queries += 1
+        self.refused += 1
+        self.ops_refused.add(op)
+
     def add_none(self, op: str) -> None:
         self.ops.add(op)
         self.queries += 1
@@ -485,6 +309,8 @@ class Bucket:
             "c5_by_child_clause": dict(sorted(self.c5_by_child_clause.items())),
             "errors": self.errors,
             "ops_with_errors": len(self.ops_with_errors),
+            "refused": self.refused,
+            "ops_refused": len(self.ops_refused),
             "no_strategy": self.no_strategy,
             "ops_no_strategy": len(self.ops_no_strategy),
             "queries": self.queries,
@@ -526,8 +352,13 @@ def _count_specs(strategy: Any) -> int:
     return 0
 
 
+def query_id(call: Any) -> str:
+    """A short id of a captured call, the same in every process and venv."""
+    return hashlib.sha1(str(call).encode(), usedforsecurity=False).hexdigest()[:12]
+
+
 # --------------------------------------------------------------------------------------
-# Querying DTensor
+# Driving contract_sweep
 # --------------------------------------------------------------------------------------
 
 
@@ -535,8 +366,11 @@ class QueryTimeout(BaseException):
     """A query used more CPU time than --query-timeout.
 
     A BaseException, so that DTensor's own ``except Exception`` (decomposition
-    fallbacks, for instance) cannot swallow it and keep going.
+    fallbacks, for instance) and ``RegistrySweep.ask`` cannot swallow it.
     """
+
+    # where the query was when its time ran out (set by time_limit)
+    where: str = ""
 
 
 @contextlib.contextmanager
@@ -563,27 +397,36 @@ def time_limit(seconds: float | None) -> Iterator[None]:
 
 
 class Auditor:
-    def __init__(self, args: argparse.Namespace, checker: Any) -> None:
-        import torch
+    """Asks contract_sweep's queries of each call on each mesh and mode, and counts the answers."""
+
+    def __init__(self, args: argparse.Namespace, checker: Any,
+                 calls: Mapping[Any, Sequence[Any]] | None = None) -> None:
         from torch.distributed.tensor import DTensor
 
         self.args = args
         self.checker = checker
-        self.p = DTensor._op_dispatcher.sharding_propagator
         self.sweep = load_contract_sweep()
+        self.p = DTensor._op_dispatcher.sharding_propagator
+        self.registry_sweep = self.sweep.RegistrySweep(
+            calls or {},
+            checker.check_strategy_contract,
+            checker.infer_output_metas,
+            self.sweep.first_candidates(args.max_candidates),
+        )
         self.meshes = self._make_meshes(args.meshes)
         self.modes = [m for m in args.modes.split(",") if m]
+        for mode in self.modes:
+            if mode not in MODES:
+                raise SystemExit(f"unknown mode {mode!r}; the modes are {', '.join(MODES)}")
         self.buckets: dict[tuple[str, str], Bucket] = {}
         self.reg_buckets: dict[tuple[str, str, str], Bucket] = {}
         self.error_details: dict[tuple, dict] = {}
+        self.refusal_details: dict[tuple, dict] = {}
         self.violating: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
         self.selections: dict[str, dict] = {}
         self.infer_failed: dict[str, dict] = {}
         self.slow: list[tuple[float, str]] = []
-        self.op_seconds: Counter = Counter()
-        self.torch = torch
-
-    # -- setup -------------------------------------------------------------------------
+        self.op_seconds: dict[str, float] = defaultdict(float)
 
     @staticmethod
     def _make_meshes(spec: str) -> list[tuple[str, Any]]:
@@ -601,22 +444,6 @@ class Auditor:
             meshes.append((name, DeviceMesh("cpu", torch.arange(n).reshape(shape))))
         return meshes
 
-    def registry(self, op: Any) -> str | None:
-        from torch.distributed.tensor._decompositions import DecompShardingStrategy
-
-        if op in self.p.op_single_dim_strategy_funcs:
-            return "single_dim"
-        if op in self.p.op_strategy_funcs:
-            return "op_strategy"
-        try:
-            if DecompShardingStrategy.has_decomp(op):
-                return "decomposition"
-        except Exception:
-            pass
-        if op in self.p.op_to_rules:
-            return "rules"
-        return None
-
     def bucket(self, mode: str, mesh: str, reg: str) -> tuple[Bucket, Bucket]:
         key = (mode, mesh)
         if key not in self.buckets:
@@ -626,125 +453,67 @@ class Auditor:
             self.reg_buckets[rkey] = Bucket(self.checker.CLAUSES)
         return self.buckets[key], self.reg_buckets[rkey]
 
-    # -- schemas -------------------------------------------------------------------------
+    # -- one call ----------------------------------------------------------------------
 
-    def _schema_info(self, op: Any, reg: str) -> Any:
-        if reg == "decomposition":
-            self.p.decomp_strategy.ensure_schema_info(op)
-        info = self.p.op_to_schema_info.get(op)
-        if info is None:
-            info = self.p.op_to_schema_info_for_single_dim_strategy.get(op)
-        return info
+    def audit_call(self, call: Any) -> None:
+        """Every query of ``call``: per mesh, its runtime, planner and utility queries."""
+        op = str(call.op)
+        reg = self.sweep.strategy_registry(call.op)
+        if reg is None:
+            raise ValueError(f"{op} is in no DTensor registry; the audit only queries registered ops")
+        try:
+            # expected results: shape inference on the global inputs (the same on every mesh)
+            metas = self.registry_sweep.expected(call, self.meshes[0][1])
+        except Exception as e:
+            t, m = _short_error(e)
+            self.infer_failed.setdefault(op, {"op": op, "type": t, "message": m, "calls": 0})
+            self.infer_failed[op]["calls"] += 1
+            return
+        for mesh_name, mesh in self.meshes:
+            for mode in self.modes:
+                try:
+                    queries = self.registry_sweep.queries(call, mesh, mode)
+                except Exception as e:
+                    self.count_error(e, None, reg, mode, mesh_name, f"{mode} schema on mesh {mesh_name}", call)
+                    continue
+                for query in queries:
+                    self.ask(query, reg, mesh_name, metas)
 
-    @staticmethod
-    def tensor_args(call: Call) -> list[TArg]:
-        from torch.utils import _pytree as pytree
-
-        return [x for x in pytree.tree_leaves((call.args, call.kwargs)) if isinstance(x, TArg)]
-
-    def runtime_schema(self, call: Call, reg: str, mesh: Any, placements: list[tuple]) -> Any:
-        """OpSchema with one DTensorSpec per tensor (as DTensor's dispatch builds it)."""
-        from torch.distributed.tensor._dtensor_spec import DTensorSpec
-        from torch.distributed.tensor._op_schema import OpSchema
-        from torch.utils import _pytree as pytree
-
-        it = iter(placements)
-
-        def conv(x):
-            if isinstance(x, TArg):
-                return DTensorSpec(mesh, next(it), tensor_meta=x.meta)
-            return x
-
-        args, kwargs = pytree.tree_map(conv, (call.args, call.kwargs))
-        return OpSchema(call.op, tuple(args), kwargs, schema_info=self._schema_info(call.op, reg))
-
-    def candidates(self, meta: Any, mesh: Any) -> list[tuple]:
-        """Replicate, each valid Shard(d), Partial (float/complex) per mesh dim; capped.
-
-        Ordered by how many mesh dims are not Replicate, then by per-dim option order
-        (R, S(0), S(1), ..., P), so the all-Replicate candidate comes first.
-        """
-        from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
-
-        per_dim = []
-        for d in range(mesh.ndim):
-            opts = [Replicate()]
-            size = mesh.size(d)
-            opts += [Shard(i) for i, s in enumerate(meta.shape) if s >= size]
-            if meta.dtype.is_floating_point or meta.dtype.is_complex:
-                opts.append(Partial())
-            per_dim.append(opts)
-        combos = list(itertools.product(*[range(len(o)) for o in per_dim]))
-        combos.sort(key=lambda c: (sum(1 for i in c if i != 0), c))
-        combos = combos[: self.args.max_candidates]
-        return [tuple(per_dim[d][i] for d, i in enumerate(c)) for c in combos]
-
-    def planner_schema(self, call: Call, reg: str, mesh: Any) -> Any:
-        """OpSchema with an OpStrategy of candidate placements per tensor input.
-
-        Lists mirror ShardingPropagator._wrap_with_op_strategy: an all-tensor list
-        becomes a TupleStrategy, a list mixing tensors and None stays a list.
-        """
-        from torch.distributed.tensor._dtensor_spec import DTensorSpec
-        from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
-
-        def strat(t: TArg) -> OpStrategy:
-            return OpStrategy(
-                [OpSpec(DTensorSpec(mesh, pl, tensor_meta=t.meta)) for pl in self.candidates(t.meta, mesh)]
-            )
-
-        def conv(x):
-            if isinstance(x, TArg):
-                return strat(x)
-            if isinstance(x, (list, tuple)) and len(x) > 0:
-                if all(isinstance(e, TArg) for e in x):
-                    children = [conv(e) for e in x]
-                    return TupleStrategy(tuple(children) if isinstance(x, tuple) else children)
-                if any(isinstance(e, TArg) for e in x):
-                    return [conv(e) for e in x]
-            return x
-
-        args = tuple(conv(a) for a in call.args)
-        kwargs = {k: conv(v) for k, v in call.kwargs.items()}
-        return OpSchema(call.op, args, kwargs, schema_info=self._schema_info(call.op, reg))
-
-    # -- queries -------------------------------------------------------------------------
-
-    def query_strategy(self, mode: str, reg: str, mesh: Any, runtime: Any, strategy_schema: Any) -> Any:
-        """What DTensor hands out for this schema, called the way its consumer calls it."""
-        from torch.distributed.tensor._ops.single_dim_strategy import _expand_single_dim_strategy_to_mesh
-
-        op = strategy_schema.op
-        if mode == "utility":
-            # the single-dim rules expanded as a downstream rule author does
-            return self.sweep.utility_strategy(strategy_schema, mesh)
-        if reg == "single_dim":
-            info = self.p.op_single_dim_strategy_funcs[op]
-            metas = self.p._propagate_tensor_meta_non_cached(runtime) if mode == "runtime" else None
-            fn = _expand_single_dim_strategy_to_mesh(mesh, strategy_schema, info, metas)
-            return fn(op, strategy_schema.args_meta, strategy_schema.kwargs_meta)
-        if reg == "op_strategy":
-            return self.p.op_strategy_funcs[op](strategy_schema)
-        if reg == "decomposition":
-            return self.p.decomp_strategy.propagate_strategy(runtime if mode == "runtime" else strategy_schema)
-        raise AssertionError(reg)
-
-    def query_rule(self, runtime: Any, strategy_schema: Any) -> Any:
-        """A propagation rule's output, wrapped as a one-OpSpec strategy (C1/C2 only)."""
-        from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
-
-        rule = self.p.op_to_rules[runtime.op]
-        out = rule(runtime)
-        if out.output_spec is None and out.redistribute_schema is not None:
-            # as ShardingPropagator does: re-run on the suggested schema
-            out = rule(out.redistribute_schema)
-        return OpStrategy([OpSpec(output_specs=out.output_spec)])
+    def ask(self, query: Any, reg: str, mesh_name: str, metas: Any) -> None:
+        """One query under the time limit, counted; for runtime queries also DTensor's selection."""
+        op = str(query.call.op)
+        what = f"{query.mode} {query.label} on mesh {mesh_name}" if query.mode == "runtime" else (
+            f"{query.mode} on mesh {mesh_name}")
+        t0 = time.monotonic()
+        timed_out = False
+        try:
+            with time_limit(self.args.query_timeout):
+                answer = self.registry_sweep.ask(query, metas)
+        except QueryTimeout as e:
+            timed_out = True
+            self.count_error(e, None, reg, query.mode, mesh_name, what, query.call)
+        else:
+            if answer.error is not None:
+                self.count_error(answer.error, answer.refusal, reg, query.mode, mesh_name, what, query.call)
+            else:
+                self.judge(query, reg, mesh_name, what, answer)
+        if query.runtime is not None:
+            if timed_out:
+                sel = {"error": "QueryTimeout: not selected, the strategy query timed out"}
+            else:
+                try:
+                    with time_limit(self.args.query_timeout):
+                        sel = self.select(query.runtime)
+                except QueryTimeout as e:
+                    sel = {"error": f"QueryTimeout: {e}"}
+            self.selections[f"{query_id(query.call)}|{mesh_name}|{query.label}"] = {"op": op, **sel}
+        self.timed(t0, op, what)
 
     def select(self, runtime: Any) -> dict:
-        """The strategy DTensor's dispatch selects for this runtime schema."""
+        """The strategy DTensor's dispatch selects for this runtime schema, in comparable form."""
         from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
-        def plc(x):
+        def plc(x: Any) -> Any:
             if isinstance(x, DTensorSpec):
                 return str(tuple(x.placements))
             if isinstance(x, (list, tuple)):
@@ -752,7 +521,7 @@ class Auditor:
             return None if x is None else type(x).__name__
 
         try:
-            out = self.p.propagate_op_sharding_non_cached(runtime)
+            out = self.sweep.runtime_selection(runtime)
         except Exception as e:
             t, m = _short_error(e)
             return {"error": f"{t}: {m}"}
@@ -768,129 +537,57 @@ class Auditor:
         if dt > 2.0:
             print(f"[audit {self.args.role}] slow query {dt:.1f}s: {op} {what}", file=sys.stderr, flush=True)
 
-    def record_error(self, exc: BaseException, op: str, reg: str, mode: str, mesh: str, what: str, call: Call) -> None:
+    def count_error(self, exc: BaseException, refusal: str | None, reg: str, mode: str, mesh: str,
+                    what: str, call: Any) -> None:
+        """Count a query that raised: a runtime refusal (``refusal`` is its reason) or an error."""
+        op = str(call.op)
+        total, by_reg = self.bucket(mode, mesh, reg)
         t, m = _short_error(exc)
-        key = (op, reg, mode, mesh, t, m)
-        if key not in self.error_details:
-            self.error_details[key] = {
+        if refusal is not None:
+            total.add_refusal(op)
+            by_reg.add_refusal(op)
+            details = self.refusal_details
+            key: tuple = (op, reg, mode, mesh, self.sweep.runtime_refusal_key(exc))
+        else:
+            total.add_error(op)
+            by_reg.add_error(op)
+            details = self.error_details
+            key = (op, reg, mode, mesh, t, m)
+        if key not in details:
+            details[key] = {
                 "op": op, "registry": reg, "mode": mode, "mesh": mesh, "type": t,
                 "message": m, "raised_at": _raised_at(exc), "query": what,
-                "call": call.key.split("|", 1)[1], "count": 0,
+                "call": str(call), "source": call.source, "count": 0,
             }
+            if refusal is not None:
+                details[key].update(refusal=key[-1], reason=refusal)
             if self.args.tracebacks:
-                self.error_details[key]["traceback"] = traceback.format_exc(limit=-6)
-        self.error_details[key]["count"] += 1
+                details[key]["traceback"] = "".join(traceback.format_exception(exc, limit=-6))
+        details[key]["count"] += 1
 
-    def judge(self, mode: str, mesh_name: str, reg: str, call: Call, what: str,
-              strategy_schema: Any, strategy: Any, metas: Any) -> None:
-        op = str(call.op)
-        total, by_reg = self.bucket(mode, mesh_name, reg)
-        if strategy is None:
+    def judge(self, query: Any, reg: str, mesh_name: str, what: str, answer: Any) -> None:
+        """Count an answered query: no strategy, or its OpSpecs and their violations."""
+        op = str(query.call.op)
+        total, by_reg = self.bucket(query.mode, mesh_name, reg)
+        if answer.strategy is None:
             total.add_none(op)
             by_reg.add_none(op)
             return
-        violations = self.checker.check_strategy_contract(strategy_schema, strategy, metas)
-        if reg == "rules":
-            violations = [
-                v for v in violations
-                if v.clause in RULE_CLAUSES or (v.clause == "C5" and v.child_clause in RULE_CLAUSES)
-            ]
-        n = _count_specs(strategy)
-        total.add(op, violations, n, what)
-        by_reg.add(op, violations, n, what)
+        violations = list(answer.violations)
+        n = _count_specs(answer.strategy)
+        total.add(op, violations, n)
+        by_reg.add(op, violations, n)
         if violations:
-            entry = self.violating[(mode, mesh_name)].setdefault(
+            entry = self.violating[(query.mode, mesh_name)].setdefault(
                 op, {"op": op, "registry": reg, "specs_by_clause": Counter(), "examples": {}}
             )
             per_clause: dict[str, set] = defaultdict(set)
             for v in violations:
                 per_clause[v.clause].add(_spec_id(v))
                 if v.clause not in entry["examples"]:
-                    entry["examples"][v.clause] = {
-                        "violation": str(v), "query": what, "call": call.key.split("|", 1)[1],
-                    }
+                    entry["examples"][v.clause] = {"violation": str(v), "query": what, "call": str(query.call)}
             for c, ids in per_clause.items():
                 entry["specs_by_clause"][c] += len(ids)
-
-    def audit_call(self, call: Call, reg: str) -> None:
-        from torch.distributed.tensor.placement_types import Replicate, Shard
-
-        op = str(call.op)
-        tensors = self.tensor_args(call)
-        metas_done = False
-        metas: Any = None
-        for mesh_name, mesh in self.meshes:
-            rep = (Replicate(),) * mesh.ndim
-            configs = [("R", [rep] * len(tensors))]
-            first = tensors[0].meta
-            if len(first.shape) >= 1 and first.shape[0] >= mesh.size(0):
-                s0 = (Shard(0),) + (Replicate(),) * (mesh.ndim - 1)
-                configs.append(("S0", [s0] + [rep] * (len(tensors) - 1)))
-            if not metas_done:
-                # expected results: shape inference on the global inputs (same on every mesh)
-                try:
-                    runtime = self.runtime_schema(call, reg, mesh, configs[0][1])
-                    metas = self.checker.infer_output_metas(self.p._wrap_with_op_strategy(runtime))
-                except Exception as e:
-                    t, m = _short_error(e)
-                    self.infer_failed.setdefault(op, {"op": op, "type": t, "message": m, "calls": 0})
-                    self.infer_failed[op]["calls"] += 1
-                    return
-                metas_done = True
-
-            if "runtime" in self.modes:
-                for cfg, placements in configs:
-                    what = f"runtime {cfg} on mesh {mesh_name}"
-                    t0 = time.monotonic()
-                    runtime = self.runtime_schema(call, reg, mesh, placements)
-                    strategy_schema = self.p._wrap_with_op_strategy(runtime)
-                    timed_out = False
-                    try:
-                        with time_limit(self.args.query_timeout):
-                            if reg == "rules":
-                                strategy = self.query_rule(runtime, strategy_schema)
-                            else:
-                                strategy = self.query_strategy("runtime", reg, mesh, runtime, strategy_schema)
-                    except (Exception, QueryTimeout) as e:
-                        timed_out = isinstance(e, QueryTimeout)
-                        self.record_error(e, op, reg, "runtime", mesh_name, what, call)
-                        total, by_reg = self.bucket("runtime", mesh_name, reg)
-                        total.add_error(op)
-                        by_reg.add_error(op)
-                    else:
-                        self.judge("runtime", mesh_name, reg, call, what, strategy_schema, strategy, metas)
-                    if timed_out:
-                        sel = {"error": "QueryTimeout: not selected, the strategy query timed out"}
-                    else:
-                        try:
-                            with time_limit(self.args.query_timeout):
-                                sel = self.select(runtime)
-                        except QueryTimeout as e:
-                            sel = {"error": f"QueryTimeout: {e}"}
-                    self.selections[f"{call.qid}|{mesh_name}|{cfg}"] = {"op": op, **sel}
-                    self.timed(t0, op, what)
-
-            # planner queries ask the registry; utility queries expand the
-            # single-dim rules themselves, as a downstream rule author does
-            for mode in ("planner", "utility"):
-                if mode not in self.modes or reg == "rules" or (
-                    mode == "utility" and reg != "single_dim"
-                ):
-                    continue
-                what = f"{mode} on mesh {mesh_name}"
-                t0 = time.monotonic()
-                try:
-                    strategy_schema = self.planner_schema(call, reg, mesh)
-                    with time_limit(self.args.query_timeout):
-                        strategy = self.query_strategy(mode, reg, mesh, None, strategy_schema)
-                except (Exception, QueryTimeout) as e:
-                    self.record_error(e, op, reg, mode, mesh_name, what, call)
-                    total, by_reg = self.bucket(mode, mesh_name, reg)
-                    total.add_error(op)
-                    by_reg.add_error(op)
-                else:
-                    self.judge(mode, mesh_name, reg, call, what, strategy_schema, strategy, metas)
-                self.timed(t0, op, what)
 
     # -- output --------------------------------------------------------------------------
 
@@ -906,10 +603,12 @@ class Auditor:
                     for reg in REGISTRIES
                     if (mode, mesh_name, reg) in self.reg_buckets
                 }
-                rec["error_details"] = sorted(
-                    (d for d in self.error_details.values() if d["mode"] == mode and d["mesh"] == mesh_name),
-                    key=lambda d: (d["op"], d["type"], d["message"]),
-                )
+                for name, details in (("error_details", self.error_details),
+                                      ("refusal_details", self.refusal_details)):
+                    rec[name] = sorted(
+                        (d for d in details.values() if d["mode"] == mode and d["mesh"] == mesh_name),
+                        key=lambda d: (d["op"], d["type"], d["message"]),
+                    )
                 viol = []
                 for op, entry in sorted(self.violating[(mode, mesh_name)].items()):
                     viol.append({
@@ -924,13 +623,66 @@ class Auditor:
         return out
 
 
+def coverage(sweep: Any, propagator: Any, captured: set[Any], queried: Mapping[str, set[str]]) -> dict:
+    """Registered ops the samples reached, per registry, and the captured ops DTensor does not know.
+
+    ``captured`` holds every aten op a sample called, those called only without
+    tensors (never queried) included; ``queried`` the ops queried, per registry.
+    """
+    from torch._decomp import decomposition_table
+
+    single = {str(o) for o in propagator.op_single_dim_strategy_funcs}
+    strat = {str(o) for o in propagator.op_strategy_funcs} - single
+    # propagation rules: DTensor's runtime asks them after strategies; contract_sweep does
+    # not query them (on torch 2.13.0 every op with a rule also has a strategy)
+    rules = {str(o) for o in propagator.op_to_rules} - single - strat
+    direct = set(propagator.op_single_dim_strategy_funcs) | set(propagator.op_strategy_funcs) | set(
+        propagator.op_to_rules)
+    decomp_table_only = {str(o) for o in decomposition_table if o not in direct}
+    registered = {"single_dim": single, "op_strategy": strat, "rules": rules}
+    reached: dict[str, set[str]] = defaultdict(set)
+    unregistered = []
+    for op in captured:
+        reg = sweep.strategy_registry(op)
+        if reg is None:
+            reg = "rules" if str(op) in rules else None
+        if reg is None:
+            unregistered.append(str(op))
+        else:
+            reached[reg].add(str(op))
+    cov: dict[str, Any] = {}
+    for reg in (*REGISTRIES, "rules"):
+        got = reached.get(reg, set())
+        if reg == "decomposition":
+            cov[reg] = {
+                "registered": None,
+                "decomposition_table_entries": len(decomp_table_only),
+                "reached": len(got),
+                "reached_ops": sorted(got),
+                "not_reached": sorted(decomp_table_only - got),
+            }
+        else:
+            cov[reg] = {
+                "registered": len(registered[reg]),
+                "reached": len(got & registered[reg]),
+                "reached_ops": sorted(got),
+                "not_reached": sorted(registered[reg] - got),
+            }
+        cov[reg]["queried"] = len(queried.get(reg, ()))
+    # op_to_rules entries also registered as strategies never reach their rule at runtime
+    cov["rules"]["shadowed_by_strategies"] = sorted({str(o) for o in propagator.op_to_rules} - rules)
+    cov["unregistered_captured"] = sorted(unregistered)
+    cov["single_dim_and_op_strategy_overlap"] = sorted(single & {str(o) for o in propagator.op_strategy_funcs})
+    return cov
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--role", default="torch", help="label used in progress lines and the JSON (stock/built)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--ops", default=None, help="comma-separated OpInfo and/or aten op names, globs allowed")
     ap.add_argument("--meshes", default="4,2x2", help="comma-separated mesh shapes: 4, 2x2, 2x4, 2x2x2")
-    ap.add_argument("--modes", default="runtime,planner,utility")
+    ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--dtypes", default=",".join(DTYPE_NAMES))
     ap.add_argument("--max-samples", type=int, default=3, help="samples per OpInfo and dtype")
     ap.add_argument("--max-calls-per-op", type=int, default=4, help="distinct captured calls queried per aten op")
@@ -957,8 +709,6 @@ def main(argv: list[str] | None = None) -> int:
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
 
-    from tools.audit.skips import SKIPS
-
     if args.preload:
         # A python file run once DTensor is set up and before anything is queried
         # (tests use it to plant a bad strategy; also handy to try a fix in place).
@@ -966,81 +716,32 @@ def main(argv: list[str] | None = None) -> int:
 
         runpy.run_path(args.preload, run_name="__audit_preload__")
 
+    sweep = load_contract_sweep()
     flt = OpFilter.parse(args.ops, all_opinfos())
     t_import = time.monotonic()
-    pool, capture_info = capture(args, flt)
+    recorder, capture_info = capture(args, flt)
     t_capture = time.monotonic()
 
-    auditor = Auditor(args, checker)
-    p = auditor.p
-    by_op: dict[Any, list[Call]] = {}
-    for op, calls in pool.items():
-        by_op[op] = select_calls(calls, args.max_calls_per_op)
-    ops_sorted = sorted(by_op, key=str)
-    reached: dict[str, set[str]] = defaultdict(set)
-    unregistered: list[str] = []
-    skipped: dict[str, int] = {}
-    no_tensor_calls = 0
+    selected = sweep.select_calls(recorder, args.max_calls_per_op)
+    auditor = Auditor(args, checker, selected)
+    queried: dict[str, set[str]] = defaultdict(set)
     last = 0.0
-    for n, op in enumerate(ops_sorted, 1):
-        name = str(op)
-        reg = auditor.registry(op)
-        if reg is None:
-            unregistered.append(name)
-        else:
-            if name in SKIPS:
-                # still queried and reported; the orchestrator keeps it out of --strict
-                skipped[name] = len(by_op[op])
-            reached[reg].add(name)
-            for call in by_op[op]:
-                if not auditor.tensor_args(call):
-                    no_tensor_calls += 1
-                    continue
-                auditor.audit_call(call, reg)
+    for n, (op, calls) in enumerate(selected.items(), 1):
+        queried[sweep.strategy_registry(op)].add(str(op))
+        for call in calls:
+            auditor.audit_call(call)
         now = time.monotonic()
-        if now - last > 0.5 or n == len(ops_sorted):
-            _progress(args.role, "query ops", n, len(ops_sorted))
+        if now - last > 0.5 or n == len(selected):
+            _progress(args.role, "query ops", n, len(selected))
             last = now
     t_query = time.monotonic()
 
-    from torch._decomp import decomposition_table
-
-    single = {str(o) for o in p.op_single_dim_strategy_funcs}
-    strat = {str(o) for o in p.op_strategy_funcs} - single
-    rules = {str(o) for o in p.op_to_rules} - single - strat
-    direct = set(p.op_single_dim_strategy_funcs) | set(p.op_strategy_funcs) | set(p.op_to_rules)
-    decomp_table_only = {str(o) for o in decomposition_table if o not in direct}
-    registered = {"single_dim": single, "op_strategy": strat, "rules": rules}
-    coverage = {}
-    for reg in REGISTRIES:
-        got = reached.get(reg, set())
-        if reg == "decomposition":
-            coverage[reg] = {
-                "registered": None,
-                "decomposition_table_entries": len(decomp_table_only),
-                "reached": len(got),
-                "reached_ops": sorted(got),
-                "not_reached": sorted(decomp_table_only - got),
-            }
-        else:
-            coverage[reg] = {
-                "registered": len(registered[reg]),
-                "reached": len(got & registered[reg]),
-                "reached_ops": sorted(got),
-                "not_reached": sorted(registered[reg] - got),
-            }
-    # op_to_rules entries also registered as strategies never reach their rule at runtime
-    coverage["rules"]["shadowed_by_strategies"] = sorted({str(o) for o in p.op_to_rules} - rules)
-    coverage["unregistered_captured"] = sorted(unregistered)
-    coverage["single_dim_and_op_strategy_overlap"] = sorted(single & {str(o) for o in p.op_strategy_funcs})
-
-    calls_queried = sum(len(v) for k, v in by_op.items() if auditor.registry(k))
+    captured = set(recorder.calls) | set(recorder.tensorless)
     capture_info["stats"].update(
-        aten_ops_captured=len(by_op),
-        calls_distinct=sum(len(v) for v in pool.values()),
-        calls_selected=sum(len(v) for v in by_op.values()),
-        calls_queried=calls_queried,
-        calls_without_tensor_inputs=no_tensor_calls,
+        aten_ops_captured=len(captured),
+        aten_ops_without_tensor_calls=sum(1 for op in captured if op not in recorder.calls),
+        calls_distinct=sum(len(v) for v in recorder.calls.values()),
+        calls_queried=sum(len(v) for v in selected.values()),
     )
     slow = sorted(auditor.slow, reverse=True)[:15]
     doc = {
@@ -1061,11 +762,15 @@ def main(argv: list[str] | None = None) -> int:
         "caches": cache_sizes(auditor.p),
         "results": auditor.results(),
         "infer_failed": sorted(auditor.infer_failed.values(), key=lambda d: d["op"]),
-        "skipped": [{"op": k, "calls": v, "reason": SKIPS[k]} for k, v in sorted(skipped.items())],
-        "coverage": coverage,
+        "refusal_reasons": {
+            **sweep.RUNTIME_REFUSALS,
+            **{t.__name__: reason for t, reason in sweep.RUNTIME_REFUSAL_TYPES.items()},
+        },
+        "coverage": coverage(sweep, auditor.p, captured, queried),
         "selections": auditor.selections,
         "slowest_queries": [{"seconds": round(s, 3), "query": q} for s, q in slow],
-        "slowest_ops": [{"seconds": round(s, 2), "op": o} for o, s in auditor.op_seconds.most_common(15)],
+        "slowest_ops": [{"seconds": round(s, 2), "op": o}
+                        for o, s in sorted(auditor.op_seconds.items(), key=lambda kv: -kv[1])[:15]],
         "timing": {
             "startup_s": round(t_import - t_start, 1),
             "capture_s": round(t_capture - t_import, 1),

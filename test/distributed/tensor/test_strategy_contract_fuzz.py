@@ -36,10 +36,12 @@ Named outcomes (see :func:`named_outcome`):
 
 * ``not-implemented``: ``NotImplementedError`` whose message names the op
   (``str(op)``), e.g. ``get_op_strategy`` for an op no source can answer;
-* ``refusal: <message>``, runtime queries only: a message of the harness's
-  ``RUNTIME_REFUSALS`` or of :data:`EXTRA_RUNTIME_REFUSALS` (DTensor
-  deliberately refusing one input placement, with stock's message); a planner
-  query never refuses, it always offers all-Replicate;
+* ``refusal: <message or type>``, runtime queries only: a refusal the
+  harness's ``runtime_refusal`` classifies (a ``RUNTIME_REFUSALS`` message or a
+  data-dependent-size exception type) or a message of
+  :data:`EXTRA_RUNTIME_REFUSALS` (DTensor deliberately refusing one input
+  placement, as stock does); a planner query never refuses, it always offers
+  all-Replicate;
 * ``declined`` / ``unregistered``, runtime queries only: the decomposition
   answers ``None`` or raises (not ``StrategyContractError``), or no registry
   knows the op (``query_strategy`` raises ``ValueError`` naming it); dispatch
@@ -115,7 +117,7 @@ from torch.testing._internal.distributed._tensor.contract_common import (
 )
 from torch.testing._internal.distributed._tensor.contract_sweep import (
     CapturedCall,
-    runtime_refusal,
+    runtime_refusal_key,
     runtime_schema,
 )
 
@@ -1045,21 +1047,15 @@ def named_outcome(exc: BaseException, op: OpOverload, runtime: bool) -> str | No
     if isinstance(exc, NotImplementedError) and str(op) in message:
         return "not-implemented"
     if runtime:
-        if runtime_refusal(exc) is not None:
-            pattern = next(p for p in _refusal_patterns() if p in message)
-            return f"refusal: {pattern}"
+        refusal = runtime_refusal_key(exc)
+        if refusal is not None:
+            return f"refusal: {refusal}"
         extra = next((p for p in EXTRA_RUNTIME_REFUSALS if p in message), None)
         if extra is not None:
             return f"refusal: {extra}"
         if isinstance(exc, ValueError) and message == f"DTensor has no sharding strategy for {op}":
             return "unregistered"
     return None
-
-
-def _refusal_patterns() -> list[str]:
-    from torch.testing._internal.distributed._tensor.contract_sweep import RUNTIME_REFUSALS
-
-    return list(RUNTIME_REFUSALS)
 
 
 def empty_children(strategy: StrategyType) -> list[str]:

@@ -18,9 +18,12 @@ The pieces: :func:`capture_calls` records the distinct aten calls samples make,
 tensors reduced to their global ``TensorMeta``; :func:`runtime_schema` and
 :func:`strategy_schema` build what a query hands a strategy;
 :func:`query_strategy` asks the registry DTensor's runtime asks (single-dim
-strategies, then ``op_strategy_funcs``, then the decomposition); and
-:class:`RegistrySweep` runs every call on a mesh and judges the answers with a
-checker the caller passes in.
+strategies, then ``op_strategy_funcs``, then the decomposition);
+:func:`runtime_refusal` tells DTensor deliberately refusing a runtime input
+from a failure, per query; and :class:`RegistrySweep` runs every call on a
+mesh and judges the answers with a checker the caller passes in. The
+registry test and the repository's audit (stock vs changed torch) both sweep
+with these pieces.
 
 Only APIs of torch 2.13.0 as released are used, and nothing that judges
 strategies is imported: the module is also loaded by file path into an
@@ -31,7 +34,7 @@ judged by the same checker.
 import itertools
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +50,7 @@ from torch.distributed.tensor._op_schema import (
     OpSchema,
     OpSpec,
     OpStrategy,
+    OutputSharding,
     RuntimeSchemaInfo,
     StrategyType,
     TupleStrategy,
@@ -62,18 +66,22 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 __all__ = [
+    "Answer",
     "CONTRACT_SKIPS",
     "MODES",
     "REGISTRIES",
     "RUNTIME_REFUSALS",
+    "RUNTIME_REFUSAL_TYPES",
     "CallRecorder",
     "CandidateFunc",
     "CapturedCall",
     "OpReport",
+    "Query",
     "RegistrySweep",
     "SweepReport",
     "capped_candidates",
     "capture_calls",
+    "first_candidates",
     "meta_of",
     "op_strategy",
     "opinfo_db",
@@ -82,6 +90,8 @@ __all__ = [
     "registry_coverage",
     "replicated_candidate",
     "runtime_refusal",
+    "runtime_refusal_key",
+    "runtime_selection",
     "runtime_schema",
     "select_calls",
     "strategy_registry",
@@ -120,13 +130,70 @@ RUNTIME_REFUSALS: dict[str, str] = {
 }
 
 
-def runtime_refusal(exc: BaseException) -> str | None:
-    """The reason in :data:`RUNTIME_REFUSALS` that ``exc`` is, or ``None``."""
+# Exception types by which a runtime query is refused whatever the message:
+# shape inference raises them when a result's size (or value) depends on the
+# input's data, each with why. Stock torch refuses the same queries the same way.
+RUNTIME_REFUSAL_TYPES: dict[type[BaseException], str] = {
+    DynamicOutputShapeException: (
+        "the result's size depends on the input's values (a boolean-mask index, "
+        "nonzero, masked_select); eager DTensor needs a concrete global shape "
+        "before it runs an op, so it refuses, while a planner query of the same "
+        "call gets unbacked symbolic sizes"
+    ),
+    DataDependentOutputException: (
+        "the result depends on the input's values (item(), a data-dependent "
+        "scalar), which shape inference on metadata cannot know; eager DTensor "
+        "refuses rather than guess"
+    ),
+}
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from (``raise ... from``).
+
+    Only explicit causes count: an unrelated error raised while another was
+    being handled is no refusal.
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not e for e in chain):
+        chain.append(current)
+        current = current.__cause__
+    return chain
+
+
+def runtime_refusal_key(exc: BaseException) -> str | None:
+    """Which runtime refusal ``exc`` is, or ``None`` when it is none.
+
+    The key is the :data:`RUNTIME_REFUSALS` message fragment ``exc`` carries,
+    or the name of the :data:`RUNTIME_REFUSAL_TYPES` type it is or wraps
+    (DTensor's dispatch re-raises strategy failures inside a ``RuntimeError``).
+    Reports group refusals by it.
+    """
     message = str(exc)
-    for pattern, reason in RUNTIME_REFUSALS.items():
+    for pattern in RUNTIME_REFUSALS:
         if pattern in message:
-            return reason
+            return pattern
+    for e in _exception_chain(exc):
+        for refused in RUNTIME_REFUSAL_TYPES:
+            if isinstance(e, refused):
+                return refused.__name__
     return None
+
+
+def runtime_refusal(exc: BaseException) -> str | None:
+    """Why ``exc``, raised by a runtime query, is DTensor refusing the input, or ``None``.
+
+    A refusal is a right answer, not a failure: sweeps count it per query
+    instead of excusing whole ops. Only runtime queries can refuse; the same
+    exception from a planner query is an error.
+    """
+    key = runtime_refusal_key(exc)
+    if key is None:
+        return None
+    if key in RUNTIME_REFUSALS:
+        return RUNTIME_REFUSALS[key]
+    return next(r for t, r in RUNTIME_REFUSAL_TYPES.items() if t.__name__ == key)
 
 
 def _sharding_propagator() -> Any:
@@ -279,6 +346,40 @@ def _capped_candidates(
     return [tuple(options[d][i] for d, i in enumerate(c)) for c in chosen]
 
 
+def first_candidates(limit: int) -> CandidateFunc:
+    """Planner candidates in a fixed order, the first ``limit`` per tensor input.
+
+    Per mesh dim the options are ``Replicate()``, ``Shard(d)`` for each tensor
+    dim at least as long as the mesh dim, and ``Partial()`` for floating and
+    complex dtypes. Tuples with fewer non-``Replicate`` mesh dims come first
+    (all-``Replicate``, then each single sharding, then combinations), ties in
+    option order. Unlike :func:`capped_candidates`, tuples that split a dim into
+    more pieces than it has elements stay in: a planner may offer them, and
+    strategies must answer for uneven and empty shards. Large limits reach
+    every single-dim placement, which is what a wide audit wants.
+    """
+    if limit < 1:
+        raise ValueError(f"first_candidates needs a limit of at least 1, got {limit}")
+
+    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
+        options: list[list[Placement]] = []
+        for mesh_dim in range(mesh.ndim):
+            opts: list[Placement] = [Replicate()]
+            opts += [Shard(d) for d, n in enumerate(meta.shape) if n >= mesh.size(mesh_dim)]
+            if meta.dtype.is_floating_point or meta.dtype.is_complex:
+                opts.append(Partial())
+            options.append(opts)
+        combos = sorted(
+            itertools.product(*(range(len(o)) for o in options)),
+            key=lambda c: (sum(i != 0 for i in c), c),
+        )
+        return [
+            tuple(options[d][i] for d, i in enumerate(c)) for c in combos[:limit]
+        ]
+
+    return candidates
+
+
 def _is_tensor(x: object) -> bool:
     return isinstance(x, (torch.Tensor, TensorMeta))
 
@@ -409,6 +510,11 @@ def query_strategy(
     decomposition gets the runtime schema. Returns ``None`` when the registry
     declines the query (the decomposition may) and raises ``ValueError`` for an
     op no registry knows.
+
+    The registries are asked directly, not through
+    ``ShardingPropagator.get_op_strategy``: stock torch 2.13.0 has no planner
+    entry point, and a sweep must ask both torches the same way to compare
+    them. Everything used here exists on stock and changed torch alike.
     """
     from torch.distributed.tensor._ops.single_dim_strategy import (
         _expand_single_dim_strategy_to_mesh,
@@ -437,6 +543,16 @@ def query_strategy(
             op_schema if runtime is None else runtime
         )
     raise ValueError(f"DTensor has no sharding strategy for {op}")
+
+
+def runtime_selection(runtime: OpSchema) -> OutputSharding:
+    """What DTensor's dispatch selects for the ``DTensorSpec`` schema ``runtime``.
+
+    The uncached propagation dispatch runs (the strategy, the cheapest spec,
+    any redistribution of the inputs), so every call computes afresh; it exists
+    on stock torch too, so selections of both torches compare.
+    """
+    return _sharding_propagator().propagate_op_sharding_non_cached(runtime)
 
 
 def utility_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> OpStrategy | None:
@@ -552,21 +668,36 @@ class CallRecorder(TorchDispatchMode):
 
     A call is kept only once it returned, so a call eager mode rejects is never
     queried; its metas are taken before it runs, as an in-place op may change
-    its self. ``source`` labels the calls that follow.
+    its self. ``source`` labels the calls that follow. ``keep``, when set,
+    chooses the ops recorded (a sweep restricted to some ops); it may be
+    changed between samples.
+
+    Calls without a tensor argument (factory calls) never reach DTensor, so
+    they are not kept; ``tensorless`` counts them per op, so that a report can
+    still say which ops the samples called. ``seen`` and ``not_dense`` count the
+    aten calls looked at and those with a tensor a ``DTensorSpec`` cannot
+    describe (sparse, another device, a subclass), which are dropped.
     """
 
-    def __init__(self, pool_size: int = 8) -> None:
+    def __init__(
+        self, pool_size: int = 8, keep: Callable[[OpOverload], bool] | None = None
+    ) -> None:
         super().__init__()
         self.pool_size = pool_size
+        self.keep = keep
         self.source = ""
         self.calls: dict[OpOverload, dict[str, CapturedCall]] = defaultdict(dict)
+        self.tensorless: dict[OpOverload, int] = defaultdict(int)
+        self.seen = 0
+        self.not_dense = 0
 
     def __torch_dispatch__(  # type: ignore[no-untyped-def]
         self, func, types, args=(), kwargs=None
     ):
         kwargs = kwargs or {}
         call = None
-        if func.namespace == "aten":
+        if func.namespace == "aten" and (self.keep is None or self.keep(func)):
+            self.seen += 1
             try:
                 call = CapturedCall(
                     func,
@@ -575,9 +706,12 @@ class CallRecorder(TorchDispatchMode):
                     self.source,
                 )
             except _NotDense:
-                pass
+                self.not_dense += 1
         out = func(*args, **kwargs)
-        if call is not None and call.tensor_metas:
+        if call is not None:
+            if not call.tensor_metas:
+                self.tensorless[func] += 1
+                return out
             pool = self.calls[func]
             key = str(call)
             if key not in pool and len(pool) < self.pool_size:
@@ -607,27 +741,33 @@ def capture_calls(
     extra_dtypes: Sequence[torch.dtype] = (),
     samples: int = 1,
     backward: bool = True,
-    foreach_tensors: int = 2,
+    foreach_tensors: int | None = 2,
     pool_size: int = 8,
+    backward_dtypes: Collection[torch.dtype] | None = None,
+    recorder: CallRecorder | None = None,
 ) -> tuple[CallRecorder, dict[str, int]]:
     """Run OpInfo samples under a :class:`CallRecorder`; return it and counters.
 
     Each OpInfo runs its first ``samples`` samples in the first of ``dtypes``
     it supports (so ops without a float variant are reached too) and in every
-    one of ``extra_dtypes`` it supports: the call itself, backward for floating
-    samples of differentiable ops, and the in-place variant on a copy. Foreach
-    samples hold ``foreach_tensors`` tensors per list instead of 20.
+    one of ``extra_dtypes`` it supports: the call itself, backward of
+    differentiable ops (for samples of a dtype in ``backward_dtypes``, by
+    default every floating dtype), and the in-place variant on a copy.
+    Foreach samples hold ``foreach_tensors`` tensors per list (``None``: the
+    OpInfo default, 20). ``recorder`` lets a caller keep recording into one it made (with an op
+    filter, or across several calls).
 
     Samples come from ``sample_inputs_func`` directly: ``OpInfo.sample_inputs``
     walks the stack looking for the running test, which would cost most of the
-    capture once torch.distributed is imported. The seeds are reset per OpInfo
-    and dtype, which fixes random arguments and the shapes data-dependent ops
-    produce, so every process captures the same calls.
+    capture once torch.distributed is imported. The RNG is seeded as
+    ``OpInfo.sample_inputs`` seeds it outside a test (see :func:`_first_samples`),
+    which fixes random arguments and the shapes data-dependent ops produce, so
+    every process captures the same calls, whichever OpInfos ran before.
     """
-    from torch.testing._internal.common_utils import set_rng_seed
     from torch.testing._internal.opinfo.core import ForeachFuncInfo
 
-    recorder = CallRecorder(pool_size)
+    if recorder is None:
+        recorder = CallRecorder(pool_size)
     counts: dict[str, int] = defaultdict(int)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -637,16 +777,20 @@ def capture_calls(
             run_in = [d for d in dtypes if d in supported][:1]
             run_in += [d for d in extra_dtypes if d in supported and d not in run_in]
             kwargs = {}
-            if isinstance(info, ForeachFuncInfo):
+            if foreach_tensors is not None and isinstance(info, ForeachFuncInfo):
                 kwargs["num_input_tensors"] = [foreach_tensors]
             for dtype in run_in:
-                set_rng_seed(0)
-                grad = backward and dtype.is_floating_point and info.supports_autograd
-                try:
-                    sample_iter = info.sample_inputs_func(
-                        info, "cpu", dtype, grad, **kwargs
+                grad = (
+                    backward
+                    and info.supports_autograd
+                    and (
+                        dtype.is_floating_point
+                        if backward_dtypes is None
+                        else dtype in backward_dtypes
                     )
-                    batch = list(itertools.islice(sample_iter, samples))
+                )
+                try:
+                    batch = _first_samples(info, dtype, grad, samples, kwargs)
                 except Exception:
                     counts["sample_inputs failed"] += 1
                     continue
@@ -654,6 +798,31 @@ def capture_calls(
                     counts["samples"] += 1
                     _run_sample(recorder, info, sample, grad, counts)
     return recorder, dict(counts)
+
+
+def _first_samples(
+    info: Any, dtype: torch.dtype, grad: bool, n: int, kwargs: dict[str, Any]
+) -> list[Any]:
+    """The first ``n`` samples of ``info``, seeded as ``OpInfo.sample_inputs`` seeds them.
+
+    Outside a test, ``OpInfo.sample_inputs`` resets the RNG to
+    ``common_utils.SEED`` before each sample is made, so the sweep sees the
+    values tests see. The RNG is also reset before the sample function is
+    called, so that functions making their whole list at once do not depend on
+    what ran before.
+    """
+    from torch.testing._internal.common_utils import SEED, set_rng_seed
+
+    set_rng_seed(SEED)
+    sample_iter = iter(info.sample_inputs_func(info, "cpu", dtype, grad, **kwargs))
+    batch = []
+    for _ in range(n):
+        set_rng_seed(SEED)
+        try:
+            batch.append(next(sample_iter))
+        except StopIteration:
+            break
+    return batch
 
 
 def _run_sample(
@@ -668,14 +837,8 @@ def _run_sample(
             out = info(sample.input, *sample.args, **sample.kwargs)
             if grad:
                 recorder.source = f"{name} backward"
-                for t in pytree.tree_leaves(out):
-                    if (
-                        isinstance(t, torch.Tensor)
-                        and t.requires_grad
-                        and t.is_floating_point()
-                    ):
-                        t.sum().backward()
-                        break
+                if _backward(out):
+                    counts["backward runs"] += 1
     except Exception:
         counts["samples failed"] += 1
     inplace = info.get_inplace()
@@ -690,8 +853,27 @@ def _run_sample(
         with recorder:
             recorder.source = f"{name} inplace"
             inplace(inp, *args, **kwargs)
+        counts["in-place runs"] += 1
     except Exception:
         counts["in-place samples failed"] += 1
+
+
+def _backward(out: object) -> bool:
+    """Backward from the first differentiable result; whether there was one.
+
+    A complex result (an FFT of a real input) goes through ``abs()``, so that
+    the backward ops of complex-valued ops are reached too.
+    """
+    for t in pytree.tree_leaves(out):
+        if (
+            isinstance(t, torch.Tensor)
+            and t.requires_grad
+            and (t.is_floating_point() or t.is_complex())
+        ):
+            loss = t.abs().sum() if t.is_complex() else t.sum()
+            loss.backward()
+            return True
+    return False
 
 
 def select_calls(
@@ -840,6 +1022,46 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
 
 
+@dataclass
+class Query:
+    """One strategy query of a sweep: a captured call, asked on a mesh in one mode.
+
+    ``label`` is the mode for planner and utility queries and names the input
+    placements for runtime ones. ``schema`` is the strategy schema the answer
+    is judged against; ``runtime`` is the ``DTensorSpec`` schema it wraps in a
+    runtime query (what DTensor's dispatch selects from), else ``None``.
+    """
+
+    call: CapturedCall
+    mesh: DeviceMesh
+    mode: str
+    label: str
+    schema: OpSchema
+    runtime: OpSchema | None = None
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.call} [{self.call.source}]"
+
+
+@dataclass
+class Answer:
+    """What a :class:`Query` came to: exactly one of a judged strategy, no
+    strategy (the registry declined), a runtime refusal or an error."""
+
+    strategy: StrategyType | None = None
+    # The checker's findings about ``strategy``, each with a ``clause``.
+    violations: Sequence[Any] = ()
+    # What the query raised, when it raised.
+    error: Exception | None = None
+    # The RUNTIME_REFUSALS / RUNTIME_REFUSAL_TYPES reason, when ``error`` is
+    # DTensor refusing a runtime input (see :func:`runtime_refusal`).
+    refusal: str | None = None
+
+    @property
+    def declined(self) -> bool:
+        return self.error is None and self.strategy is None
+
+
 class RegistrySweep:
     """Queries every call of ``calls`` on a mesh in one mode, and judges the answers.
 
@@ -847,6 +1069,10 @@ class RegistrySweep:
     ``infer_output_metas`` of ``strategy_contract``); they are passed in so that
     this module never depends on the version of DTensor it sweeps. Shape
     inference runs once per call, whatever the mesh and mode.
+
+    :meth:`run` sweeps everything and sums it up per op; callers that count
+    more (the audit: specs per clause, timings, DTensor's selections) drive the
+    same steps themselves: :meth:`expected`, :meth:`queries`, :meth:`ask`.
     """
 
     def __init__(
@@ -895,6 +1121,48 @@ class RegistrySweep:
             configs.append(("input 0 Shard(0)", [sharded] + configs[0][1][1:]))
         return configs
 
+    def queries(self, call: CapturedCall, mesh: DeviceMesh, mode: str) -> list[Query]:
+        """The queries a sweep asks about ``call`` on ``mesh`` in ``mode``.
+
+        None for an op no registry holds, or, in utility mode, for an op without
+        single-dim rules (only those are expanded by their authors).
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        registry = strategy_registry(call.op)
+        if registry is None or (mode == "utility" and registry != "single_dim"):
+            return []
+        if mode in ("planner", "utility"):
+            schema = strategy_schema(
+                mesh, call.op, call.args, call.kwargs, self.candidates
+            )
+            return [Query(call, mesh, mode, mode, schema)]
+        out = []
+        for label, placements in self.runtime_placements(mesh, call):
+            runtime = runtime_schema(mesh, call.op, call.args, call.kwargs, placements)
+            schema = _sharding_propagator()._wrap_with_op_strategy(runtime)
+            out.append(Query(call, mesh, mode, label, schema, runtime))
+        return out
+
+    def ask(self, query: Query, metas: Any) -> Answer:
+        """Ask DTensor ``query`` and judge the strategy against ``metas``.
+
+        Exceptions become the answer: a runtime refusal (see
+        :func:`runtime_refusal`) or an error. Only ``Exception``s are caught, so
+        a caller's time limit (a ``BaseException``) still stops a query.
+        """
+        try:
+            if query.mode == "utility":
+                strategy = utility_strategy(query.schema, query.mesh)
+            else:
+                strategy = query_strategy(query.schema, query.mesh, query.runtime)
+        except Exception as e:
+            reason = None if query.runtime is None else runtime_refusal(e)
+            return Answer(error=e, refusal=reason)
+        if strategy is None:
+            return Answer()
+        return Answer(strategy, self.check(query.schema, strategy, metas))
+
     def run(self, mesh: DeviceMesh, mode: str) -> SweepReport:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -914,46 +1182,18 @@ class RegistrySweep:
                 except Exception as e:
                     op_report.uninferable.setdefault(_short(e), str(call))
                     continue
-                if mode in ("planner", "utility"):
-                    schema = strategy_schema(
-                        mesh, op, call.args, call.kwargs, self.candidates
-                    )
-                    self._judge(op_report, call, mode, mesh, schema, None, metas)
-                    continue
-                for label, placements in self.runtime_placements(mesh, call):
-                    runtime = runtime_schema(
-                        mesh, op, call.args, call.kwargs, placements
-                    )
-                    schema = _sharding_propagator()._wrap_with_op_strategy(runtime)
-                    self._judge(op_report, call, label, mesh, schema, runtime, metas)
+                for query in self.queries(call, mesh, mode):
+                    self._record(op_report, query, self.ask(query, metas))
         return report
 
-    def _judge(
-        self,
-        op_report: OpReport,
-        call: CapturedCall,
-        label: str,
-        mesh: DeviceMesh,
-        schema: OpSchema,
-        runtime: OpSchema | None,
-        metas: Any,
-    ) -> None:
-        where = f"{label}: {call} [{call.source}]"
+    @staticmethod
+    def _record(op_report: OpReport, query: Query, answer: Answer) -> None:
         op_report.queries += 1
-        try:
-            if label == "utility":
-                strategy = utility_strategy(schema, mesh)
-            else:
-                strategy = query_strategy(schema, mesh, runtime)
-        except Exception as e:
-            reason = None if runtime is None else runtime_refusal(e)
-            if reason is None:
-                op_report.errors.setdefault(_short(e), where)
-            else:
-                op_report.refused[reason] = op_report.refused.get(reason, 0) + 1
-            return
-        if strategy is None:
+        if answer.refusal is not None:
+            op_report.refused[answer.refusal] = op_report.refused.get(answer.refusal, 0) + 1
+        elif answer.error is not None:
+            op_report.errors.setdefault(_short(answer.error), str(query))
+        elif answer.strategy is None:
             op_report.no_strategy += 1
-            return
-        for v in self.check(schema, strategy, metas):
-            op_report.violations.setdefault(v.clause, f"{v}\n    in {where}")
+        for v in answer.violations:
+            op_report.violations.setdefault(v.clause, f"{v}\n    in {query}")
