@@ -16,7 +16,8 @@ import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, NoReturn
 from unittest import mock
 
 
@@ -27,6 +28,7 @@ if str(REPO_ROOT) not in sys.path:
 import torch
 import torch.distributed as dist
 from torch._ops import OpOverload
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
@@ -102,9 +104,16 @@ def planted(op: OpOverload, strategy_fn: Callable[..., Any]) -> Iterator[None]:
             p.op_strategy_funcs[op] = saved["strategy"]
 
 
-def _no_meta_strategy(op_schema):
-    """One OpSpec per input candidate; outputs lack tensor_meta (C1), costs negative (C4)."""
+def _first_input(op_schema: OpSchema) -> OpStrategy:
     inp = op_schema.args_schema[0]
+    if not isinstance(inp, OpStrategy):
+        raise TypeError(f"{op_schema.op}: expected an OpStrategy input, got {type(inp).__name__}")
+    return inp
+
+
+def _no_meta_strategy(op_schema: OpSchema) -> OpStrategy:
+    """One OpSpec per input candidate; outputs lack tensor_meta (C1), costs negative (C4)."""
+    inp = _first_input(op_schema)
     n = len(inp.strategies)
     return OpStrategy(
         [
@@ -118,13 +127,16 @@ def _no_meta_strategy(op_schema):
     )
 
 
-def _raising_strategy(op_schema):
+def _raising_strategy(op_schema: OpSchema) -> NoReturn:
     raise ValueError("planted failure\nsecond line is dropped")
 
 
 class TestAuditInProcess(TestCase):
+    own_pg: bool
+    checker: ModuleType
+
     @classmethod
-    def setUpClass(cls):
+    def setUpClass(cls) -> None:
         super().setUpClass()
         cls.own_pg = not dist.is_initialized()
         if cls.own_pg:
@@ -132,22 +144,22 @@ class TestAuditInProcess(TestCase):
         cls.checker = worker.load_checker(worker.DEFAULT_CHECKER)
 
     @classmethod
-    def tearDownClass(cls):
+    def tearDownClass(cls) -> None:
         if cls.own_pg and dist.is_initialized():
             dist.destroy_process_group()
         super().tearDownClass()
 
-    def auditor(self, meshes="4", modes="runtime,planner"):
+    def auditor(self, meshes: str = "4", modes: str = "runtime,planner") -> worker.Auditor:
         args = argparse.Namespace(
             role="test", meshes=meshes, modes=modes, max_candidates=16, tracebacks=False,
             query_timeout=60.0,
         )
         return worker.Auditor(args, self.checker)
 
-    def result(self, auditor, mode, mesh):
+    def result(self, auditor: worker.Auditor, mode: str, mesh: str) -> dict[str, Any]:
         return next(r for r in auditor.results() if r["mode"] == mode and r["mesh"] == mesh)
 
-    def test_violation_counted_under_its_clause(self):
+    def test_violation_counted_under_its_clause(self) -> None:
         call = _call(aten.t.default, (_meta(4, 6),))
         a = self.auditor()
         with planted(aten.t.default, _no_meta_strategy):
@@ -173,7 +185,7 @@ class TestAuditInProcess(TestCase):
             sorted(k.split("|", 1)[1] for k in a.selections), ["4|all Replicate", "4|input 0 Shard(0)"]
         )
 
-    def test_exception_reported_with_op_and_message(self):
+    def test_exception_reported_with_op_and_message(self) -> None:
         call = _call(aten.t.default, (_meta(4, 6),))
         a = self.auditor(meshes="2x2")
         with planted(aten.t.default, _raising_strategy):
@@ -226,10 +238,10 @@ class TestAuditInProcess(TestCase):
         self.assertEqual((pl["refused"], pl["errors"]), (0, 1))
         self.assertIn(pattern, pl["error_details"][0]["message"])
 
-    def test_hanging_query_reported_as_timeout(self):
+    def test_hanging_query_reported_as_timeout(self) -> None:
         call = _call(aten.t.default, (_meta(4, 6),))
 
-        def spin(op_schema):
+        def spin(op_schema: OpSchema) -> NoReturn:
             while True:
                 pass
 
@@ -243,13 +255,19 @@ class TestAuditInProcess(TestCase):
         self.assertEqual((err["op"], err["type"]), ("aten.t.default", "QueryTimeout"))
         self.assertIn("spin", err["raised_at"])
 
-    def test_tuple_strategy_child_counted_as_c5(self):
+    def test_tuple_strategy_child_counted_as_c5(self) -> None:
         metas = [_meta(4, 3), _meta(5)]
         call = _call(aten._foreach_neg.default, (metas,))
 
-        def tuple_strategy(op_schema):
+        def tuple_strategy(op_schema: OpSchema) -> TupleStrategy:
             (lst,) = op_schema.args_schema
-            self.assertIsInstance(lst, TupleStrategy)
+            if not isinstance(lst, TupleStrategy):
+                self.fail(f"expected a TupleStrategy, got {type(lst).__name__}")
+            children = []
+            for child in lst.children:
+                if not isinstance(child, OpStrategy):
+                    self.fail(f"expected OpStrategy children, got {type(child).__name__}")
+                children.append(child)
             return TupleStrategy(
                 [
                     OpStrategy(
@@ -262,7 +280,7 @@ class TestAuditInProcess(TestCase):
                             for c in child.strategies
                         ]
                     )
-                    for child in lst.children
+                    for child in children
                 ]
             )
 
@@ -281,7 +299,7 @@ class TestAuditInProcess(TestCase):
             with self.assertRaisesRegex(ValueError, "aten.t.default"):
                 a.audit_call(_call(aten.t.default, (_meta(4, 6),)))
 
-    def test_planner_candidates(self):
+    def test_planner_candidates(self) -> None:
         a = self.auditor(meshes="4,2x2")
         candidates = a.registry_sweep.candidates
         mesh4 = a.meshes[0][1]
@@ -324,7 +342,7 @@ class TestStrictRule(TestCase):
             orchestrator.strict_failures(merged), ["1 runtime selections differ stock vs built (1 changed)"]
         )
 
-    def test_selection_kinds(self):
+    def test_selection_kinds(self) -> None:
         import importlib
 
         orchestrator = importlib.import_module("tools.audit.__main__")
@@ -342,15 +360,15 @@ class TestStrictRule(TestCase):
         self.assertEqual([m["key"] for m in sel["mismatches"]][:2], ["a|4|R", "b|4|R"])
 
 
-def _orchestrator():
+def _orchestrator() -> ModuleType:
     import importlib
 
     return importlib.import_module("tools.audit.__main__")
 
 
-def _parity_op(outcome, seconds, message="", type_=None):
+def _parity_op(outcome: str, seconds: float, message: str = "", type_: str | None = None) -> dict[str, Any]:
     """One op's record as tools/audit/parity.py writes it."""
-    rec = {"outcome": outcome, "dtensor_s": seconds, "samples": []}
+    rec: dict[str, Any] = {"outcome": outcome, "dtensor_s": seconds, "samples": []}
     if message:
         rec["message"] = message
     if type_:
@@ -358,7 +376,7 @@ def _parity_op(outcome, seconds, message="", type_=None):
     return rec
 
 
-def _parity_doc(role, ops):
+def _parity_doc(role: str, ops: dict[str, dict[str, Any]]) -> dict[str, Any]:
     counts = {k: sum(1 for r in ops.values() if r["outcome"] == k) for k in ("same", "wrong", "raised", "skipped")}
     return {"torch": role, "config": {"max_samples": 3, "meshes": "4", "op_timeout": 120.0, "ops": None},
             "counts": counts, "ops": {k: dict(v, op=k) for k, v in ops.items()},
@@ -403,11 +421,13 @@ PARITY_BUILT = {
 
 
 class TestParityComparison(TestCase):
-    def compared(self, stock=PARITY_STOCK, built=PARITY_BUILT):
+    def compared(
+        self, stock: dict[str, dict[str, Any]] = PARITY_STOCK, built: dict[str, dict[str, Any]] = PARITY_BUILT
+    ) -> dict[str, Any]:
         return _orchestrator().compare_parity({"stock": _parity_doc("stock", stock),
                                                "built": _parity_doc("built", built)})
 
-    def test_outcome_changes_classified(self):
+    def test_outcome_changes_classified(self) -> None:
         p = self.compared()
         self.assertEqual(p["compared"], len(PARITY_STOCK))
         self.assertEqual(sorted(e["op"] for e in p["worse"]),
@@ -420,7 +440,7 @@ class TestParityComparison(TestCase):
                          ("same", "raised: Timeout"))
         self.assertEqual(worse["same_to_wrong"]["built_message"], "add sample 1 mesh 4: output 0: not close")
 
-    def test_slower_uses_ratio_and_floor(self):
+    def test_slower_uses_ratio_and_floor(self) -> None:
         p = self.compared()
         slower = {e["op"]: e for e in p["slower"]}
         # tiny_4x and strict_below_floor: 4x, but both times under 0.5s
@@ -436,7 +456,7 @@ class TestParityComparison(TestCase):
         q = self.compared({"x": _parity_op("same", 0.5)}, {"x": _parity_op("same", 0.45)})
         self.assertEqual(q["slower"], [])
 
-    def test_strict_fails_on_worse_and_on_3x(self):
+    def test_strict_fails_on_worse_and_on_3x(self) -> None:
         orch = _orchestrator()
         reasons = orch.parity_strict_failures(self.compared())
         self.assertEqual(len(reasons), 2)
@@ -453,7 +473,7 @@ class TestParityComparison(TestCase):
         del merged["parity"]
         self.assertEqual(orch.strict_failures(merged), [])
 
-    def test_retime_keeps_fastest_and_drops_noise(self):
+    def test_retime_keeps_fastest_and_drops_noise(self) -> None:
         """Ops flagged slower are measured again; each side keeps its fastest time."""
         orch = _orchestrator()
         stock = {"noisy": _parity_op("same", 0.2), "real": _parity_op("same", 0.2), "bad": _parity_op("same", 0.2)}
@@ -461,9 +481,11 @@ class TestParityComparison(TestCase):
                  "bad": _parity_op("raised", 9.0, "b", "Timeout")}
         pdocs = {"stock": _parity_doc("stock", stock), "built": _parity_doc("built", built)}
         second = {"stock": {"noisy": 0.25, "real": 0.3}, "built": {"noisy": 0.21, "real": 0.95}}
-        asked = []
+        asked: list[tuple[str | None, str, str]] = []
 
-        def fake_run(args, roles, build_dir, kind, prefix):
+        def fake_run(
+            args: argparse.Namespace, roles: list[str], build_dir: Path, kind: str, prefix: str
+        ) -> dict[str, dict[str, Any]]:
             asked.append((args.ops, kind, prefix))
             return {r: {"ops": {op: {"dtensor_s": t} for op, t in second[r].items()}} for r in roles}
 
@@ -479,7 +501,7 @@ class TestParityComparison(TestCase):
         self.assertEqual(sorted(e["op"] for e in p["slower"]), ["bad", "real"])
         self.assertEqual(p["config"]["retime"], 1)
 
-    def test_report_section(self):
+    def test_report_section(self) -> None:
         md = _orchestrator().render_parity(self.compared(), md=True, top=10)
         self.assertIn("### Runtime parity", md)
         self.assertIn("| stock | 15 | 8 | 2 | 4 | 1 | 1.0 | 2.0 | - |", md)
@@ -492,23 +514,24 @@ class TestParityComparison(TestCase):
 class TestParityWorker(TestCase):
     """The parity worker's pieces on the running torch, in this process."""
 
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        from torch.distributed.device_mesh import DeviceMesh
+    own_pg: bool
+    mesh: DeviceMesh
 
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
         cls.own_pg = not dist.is_initialized()
         if cls.own_pg:
             dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
         cls.mesh = DeviceMesh("cpu", torch.arange(4))
 
     @classmethod
-    def tearDownClass(cls):
+    def tearDownClass(cls) -> None:
         if cls.own_pg and dist.is_initialized():
             dist.destroy_process_group()
         super().tearDownClass()
 
-    def sample(self, fn, *inputs, timeout=30.0):
+    def sample(self, fn: Callable[..., object], *inputs: torch.Tensor, timeout: float = 30.0) -> dict[str, Any]:
         from torch.testing._internal.opinfo.core import SampleInput
 
         from tools.audit import parity
@@ -517,7 +540,7 @@ class TestParityWorker(TestCase):
         return parity.run_sample(fn, "myop", 2, SampleInput(inputs[0], args=inputs[1:]), "4", self.mesh, (4,),
                                  deadline, (1e-5, 1e-5))
 
-    def test_placements(self):
+    def test_placements(self) -> None:
         from torch.distributed.tensor import Replicate as R, Shard as S
 
         from tools.audit.parity import placements_for
@@ -529,21 +552,21 @@ class TestParityWorker(TestCase):
         self.assertEqual(placements_for((3,), (4,)), [R()])
         self.assertEqual(placements_for((), (4,)), [R()])
 
-    def test_same_wrong_raised_nondeterministic(self):
+    def test_same_wrong_raised_nondeterministic(self) -> None:
         x, y = torch.randn(8, 3), torch.randn(8, 3)
         rec = self.sample(torch.add, x, y)
-        self.assertEqual(rec["outcome"], "same", rec)
+        self.assertEqual(rec["outcome"], "same", str(rec))
         self.assertEqual(rec["inputs"], "S0,S0")
         self.assertGreater(rec["dtensor_s"], 0)
 
-        def local_only(t):  # on a DTensor: each rank's shard, not the whole
+        def local_only(t: torch.Tensor) -> torch.Tensor:  # on a DTensor: each rank's shard, not the whole
             return t.to_local() if isinstance(t, DTensor) else t
 
         rec = self.sample(local_only, x)
-        self.assertEqual(rec["outcome"], "wrong", rec)
+        self.assertEqual(rec["outcome"], "wrong", str(rec))
         self.assertTrue(rec["message"].startswith("myop sample 2 mesh 4 (S0): output 0 rank 0:"), rec)
 
-        def refuse(t):
+        def refuse(t: torch.Tensor) -> torch.Tensor:
             if isinstance(t, DTensor):
                 raise ValueError("planted refusal\nsecond line dropped")
             return t
@@ -554,15 +577,15 @@ class TestParityWorker(TestCase):
         self.assertIn("refuse", rec["where"])
 
         rec = self.sample(lambda t: torch.rand_like(t) + t, x)
-        self.assertEqual(rec["outcome"], "skipped", rec)
+        self.assertEqual(rec["outcome"], "skipped", str(rec))
         self.assertIn("nondeterministic", rec["message"])
 
-    def test_hang_recorded_as_timeout(self):
+    def test_hang_recorded_as_timeout(self) -> None:
         import time
 
         give_up = time.monotonic() + 20  # a broken time limit fails the test instead of hanging it
 
-        def spin(t):
+        def spin(t: torch.Tensor) -> torch.Tensor:
             while isinstance(t, DTensor) and time.monotonic() < give_up:
                 pass
             return t
@@ -573,10 +596,10 @@ class TestParityWorker(TestCase):
         self.assertIn("myop sample 2 mesh 4: Timeout", rec["message"])
         self.assertLess(rec["dtensor_s"], 10)
 
-    def test_aggregate_worst_sample_wins(self):
+    def test_aggregate_worst_sample_wins(self) -> None:
         from tools.audit.parity import aggregate
 
-        def s(i, outcome, **kw):
+        def s(i: int, outcome: str, **kw: object) -> dict[str, object]:
             return {"sample": i, "mesh": "4", "outcome": outcome, "message": f"m{i}", "dtensor_s": 0.5, **kw}
 
         rec = aggregate("op", [s(0, "same"), s(1, "wrong"), s(2, "raised", type="E"), s(3, "raised", type="F")])
@@ -588,12 +611,12 @@ class TestParityWorker(TestCase):
         self.assertEqual(aggregate("op", [], "no float32 on cpu")["message"], "no float32 on cpu")
 
 
-def _run(cmd, **kw):
+def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, **kw)
 
 
 class TestAuditSubprocess(TestCase):
-    def test_worker_json_schema(self):
+    def test_worker_json_schema(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "w.json"
             proc = _run(
@@ -633,7 +656,7 @@ class TestAuditSubprocess(TestCase):
             if cache["bound"] is not None:
                 self.assertLessEqual(cache["entries"], cache["bound"], name)
 
-    def test_strict_fails_on_planted_violation(self):
+    def test_strict_fails_on_planted_violation(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             preload = Path(tmp) / "plant.py"
             preload.write_text(PRELOAD)
@@ -658,7 +681,7 @@ class TestAuditSubprocess(TestCase):
         self.assertTrue(doc["strict"]["failures"])
         self.assertIn("| runtime | 4 | built |", md)
 
-    def test_parity_run_on_this_torch(self):
+    def test_parity_run_on_this_torch(self) -> None:
         """A tiny real parity sweep of three OpInfos on the running interpreter."""
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "p.json"
@@ -676,7 +699,7 @@ class TestAuditSubprocess(TestCase):
             # the samples picked first are the ones that get sharded
             self.assertTrue(any("S" in s["inputs"] for s in rec["samples"]), rec["samples"])
 
-    def test_parity_strict_from_worker_json(self):
+    def test_parity_strict_from_worker_json(self) -> None:
         """--parity-only --strict fails on a worse outcome, passes once it is gone, and reports it."""
         with tempfile.TemporaryDirectory() as tmp:
             stock = {"add": _parity_op("same", 0.01), "mm": _parity_op("same", 0.01)}
