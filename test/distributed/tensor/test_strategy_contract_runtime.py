@@ -879,11 +879,36 @@ class TestBoundedCache(TestCase):
             self.assertEqual(cache.get_or_compute([1, 2], lambda: calls.append(1) or 7), 7)
         self.assertEqual((len(calls), len(cache)), (2, 0))
 
+    def test_keep_decides_what_is_stored(self) -> None:
+        from torch.distributed.tensor._ops._bounded_cache import BoundedCache
+
+        cache: BoundedCache[int, int] = BoundedCache(4)
+        for k in range(4):
+            cache.get_or_compute(k, lambda k=k: k, keep=lambda v: v % 2 == 0)
+        self.assertEqual([k for k, _ in cache.items()], [0, 2])
+
     def test_bound_must_be_positive(self) -> None:
         from torch.distributed.tensor._ops._bounded_cache import BoundedCache
 
         with self.assertRaisesRegex(ValueError, "max_size must be positive, got 0"):
             BoundedCache(0)
+
+
+class TestMetaCache(StrategyContractTestBase):
+    def test_data_dependent_metas_not_cached(self) -> None:
+        """Unbacked sizes belong to one inference's ShapeEnv: handed out, never kept."""
+        from torch.distributed.tensor._ops import _finalize_strategy
+
+        _finalize_strategy.clear_meta_cache()
+        x = torch.randn(4, 3)
+        schema = strategy_schema(self.mesh((2,)), aten.nonzero.default, (x,))
+        metas = _finalize_strategy.output_metas_for(schema)
+        self.assertFalse(_finalize_strategy._all_sizes_concrete(metas), metas)
+        self.assertEqual(_finalize_strategy.meta_cache_size(), 0)
+        concrete = strategy_schema(self.mesh((2,)), aten.relu.default, (x,))
+        _finalize_strategy.output_metas_for(concrete)
+        self.assertEqual(_finalize_strategy.meta_cache_size(), 1)
+        _finalize_strategy.clear_meta_cache()
 
 
 class TestRedistributeCostCache(StrategyContractTestBase):

@@ -39,8 +39,14 @@ class BoundedCache(Generic[K, V]):
         self._entries: dict[K, V] = {}
         self._lock = threading.Lock()
 
-    def get_or_compute(self, key: K, compute: Callable[[], V]) -> V:
-        """The value cached for ``key``, else ``compute()``, stored under ``key``.
+    def get_or_compute(
+        self,
+        key: K,
+        compute: Callable[[], V],
+        keep: Callable[[V], bool] | None = None,
+    ) -> V:
+        """The value cached for ``key``, else ``compute()``, stored under ``key``
+        unless ``keep`` says otherwise.
 
         An unhashable key (e.g. one holding a ``SymInt``) is computed and not stored.
         """
@@ -51,6 +57,8 @@ class BoundedCache(Generic[K, V]):
         if value is not _MISSING:
             return value  # type: ignore[return-value]
         value = compute()
+        if keep is not None and not keep(value):
+            return value
         with self._lock:
             while self._entries and len(self._entries) >= self.max_size:
                 del self._entries[next(iter(self._entries))]

@@ -116,8 +116,22 @@ def output_metas_for(op_schema: OpSchema) -> OutputMetas:
 
     if _are_we_tracing():
         return infer_output_metas(op_schema)
+    # A data-dependent result has unbacked symbolic sizes, tied to the ShapeEnv of
+    # its one inference: it is handed out but not kept.
     return _meta_cache.get_or_compute(
-        _meta_cache_key(op_schema), lambda: infer_output_metas(op_schema)
+        _meta_cache_key(op_schema),
+        lambda: infer_output_metas(op_schema),
+        keep=_all_sizes_concrete,
+    )
+
+
+def _all_sizes_concrete(metas: OutputMetas) -> bool:
+    leaves = pytree.tree_leaves(metas, is_leaf=lambda x: isinstance(x, TensorMeta))
+    return all(
+        isinstance(d, int)
+        for m in leaves
+        if isinstance(m, TensorMeta)
+        for d in (*m.shape, *m.stride)
     )
 
 
