@@ -1040,6 +1040,8 @@ EXTRA_RUNTIME_REFUSALS: dict[str, str] = {
 def named_outcome(exc: BaseException, op: OpOverload, runtime: bool) -> str | None:
     """The named outcome ``exc`` is (see the module docstring), or ``None``."""
     message = str(exc)
+    if isinstance(exc, QueryTimeout):
+        return None  # a query without an answer is a hang, whatever the registry
     if runtime and not isinstance(exc, StrategyContractError) and strategy_registry(op) == "decomposition":
         # DTensor's dispatch turns any failure of the decomposition into
         # NotImplementedError naming the op (as get_op_strategy does)
@@ -1070,7 +1072,10 @@ def empty_children(strategy: StrategyType) -> list[str]:
 def count(kind: str, outcome: str, case: FuzzCase, detail: str = "") -> None:
     OUTCOMES[(kind, outcome)] += 1
     if (kind, outcome) not in FIRST_SEEN and outcome != "strategy checked":
-        FIRST_SEEN[(kind, outcome)] = f"{case.call} on mesh {case.mesh_shape}" + (f": {detail}" if detail else "")
+        where = f"{case.call} on mesh {case.mesh_shape}"
+        if kind == "runtime":
+            where += f", placements {', '.join(placement_text(p) for p in case.runtime)}"
+        FIRST_SEEN[(kind, outcome)] = where + (f": {detail}" if detail else "")
 
 
 def short_traceback(exc: BaseException, frames: int = 8) -> str:
