@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, TextIO
 from pathlib import Path
 
 
@@ -59,7 +60,7 @@ NUMERIC_RE = re.compile(r"^[-\d\s().]*$")
 class Progress:
     """One status line for both workers (a bar on a TTY, sparse lines otherwise)."""
 
-    def __init__(self, roles: list[str], stream=sys.stderr) -> None:
+    def __init__(self, roles: list[str], stream: TextIO = sys.stderr) -> None:
         self.state = dict.fromkeys(roles, ("starting", 0, 0))
         self.stream = stream
         self.tty = stream.isatty()
@@ -171,7 +172,12 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kin
         )
         procs[role] = proc
 
-        def pump(role=role, proc=proc, logf=logf, started=started):
+        def pump(
+            role: str = role,
+            proc: subprocess.Popen[str] = proc,
+            logf: TextIO = logf,
+            started: float = started,
+        ) -> None:
             if proc.stderr is None:
                 raise RuntimeError("worker started without a stderr pipe")
             for line in proc.stderr:
@@ -654,7 +660,8 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
                       "no strategy"], registry_rows(merged), md))
     out.append(unfold)
 
-    focus = "built" if "built" in merged["coverage"] else next(iter(merged["coverage"]), None)
+    covered = list(merged["coverage"])
+    focus = "built" if "built" in covered else (covered[0] if covered else None)
     if focus is not None:
         worst = offenders(merged, focus, top)
         out.append("")
@@ -953,6 +960,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     out_dir = (REPO_ROOT / args.out_dir).resolve()
     parity_wanted = args.parity or args.parity_only
+    merged: dict[str, Any] = {}
+    pdocs: dict[str, Any] = {}
     if args.parity_only:
         # keep the contract sections of the last full report; only the parity part is new
         previous = out_dir / "audit.json"

@@ -284,7 +284,7 @@ def compare(expected: Any, got: list[list[Any]], rtol: float, atol: float, value
             try:
                 torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True, check_stride=False)
             except AssertionError as e:
-                return f"{where}: {_one_line(e)}"
+                return f"{where}: {_one_line(str(e))}"
             except Exception as e:  # e.g. types assert_close cannot compare
                 if g != w:
                     return f"{where}: {g!r} != {w!r} ({type(e).__name__})"
@@ -320,14 +320,15 @@ def _call_plain_filled(info: Any, parts: tuple[Any, tuple, dict]) -> Any:
     import torch
 
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    fill = torch.utils.deterministic.fill_uninitialized_memory
+    # a module property that torch's stubs do not declare
+    fill = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
     torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
+    torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
     try:
         return _call_plain(info, parts)
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.utils.deterministic.fill_uninitialized_memory = fill  # type: ignore[attr-defined]
 
 
 def run_sample(info: Any, label: str, index: int, sample: Any, mesh_name: str, mesh: Any,
