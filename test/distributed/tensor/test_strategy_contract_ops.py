@@ -11,7 +11,8 @@ planner or a direct caller does (see ``query_strategy``), on a 1-D, a 2-D and a
   dispatch of replicated DTensors),
 * ``sharded``: every tensor input offers one sharded candidate (eager dispatch
   of sharded DTensors),
-* ``planner``: every tensor input offers many candidates at once.
+* ``planner``: every tensor input offers many candidates at once
+  (``contract_common.QUERY_MODES``).
 
 Each strategy is held to the contract C1-C5, and then to the one property of
 the op a consumer is most likely to get wrong when it reads the specs as they
@@ -19,10 +20,12 @@ are: masked-off gradients, index dtypes, view strides, per-element list
 results, in-place placements, factory dtypes, ops without tensor results.
 Expected metadata comes from eager kernels on real tensors wherever they run on
 CPU, so the tests do not lean on the shape inference the machinery itself uses.
+The ops whose strategy modules a step of the stack changes are tested next to
+that step, with the same helpers (``contract_common.StrategyOpsTestBase``):
+``test_strategy_contract_{math,tensor,view,matrix}_ops.py``.
 """
 
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
@@ -43,26 +46,26 @@ from torch.distributed.tensor._ops.strategy_contract import (
     tensor_inputs,
 )
 from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
-from torch.distributed.tensor.placement_types import (
-    _StridedShard,
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-)
+from torch.distributed.tensor.placement_types import _StridedShard, Replicate, Shard
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
+    mesh_name,
     meta_of,
+    mode_candidates,
+    OP_MESHES,
+    output_tuple,
+    QUERY_MODES,
     planner_candidates,
     query_strategy,
-    replicated_candidate,
+    sampled_planner_candidates,
+    sharded_candidate,
     strategy_registry,
     strategy_schema,
-    StrategyContractTestBase,
+    StrategyOpsTestBase,
 )
 from torch.utils import _pytree as pytree
 
@@ -70,105 +73,7 @@ from torch.utils import _pytree as pytree
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-# 1-D, 2-D and 3-D meshes; all fit the harness's fake world of 8 ranks.
-MESHES: tuple[tuple[int, ...], ...] = ((4,), (2, 2), (2, 2, 2))
-MODES = ("replicate", "sharded", "planner")
-
-# A planner query offers at most this many candidates per tensor input. All of
-# them would make 3-D queries of multi-input ops take seconds each; a fixed
-# sample still mixes Replicate, every Shard(d) and Partial across mesh dims.
-PLANNER_CANDIDATE_LIMIT = 12
-
-Candidates = Callable[[DeviceMesh, TensorMeta], Sequence[Sequence[Placement]]]
-
-
-def mesh_name(shape: tuple[int, ...]) -> str:
-    return "x".join(str(s) for s in shape)
-
-
-def sharded_candidate(avoid: Sequence[int] = ()) -> Candidates:
-    """One evenly sharded candidate per input: mesh dim i shards the first
-    tensor dim from i on (cyclically, skipping ``avoid``) that divides evenly,
-    and replicates when none does."""
-
-    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
-        ndim = len(meta.shape)
-        pieces = [1] * ndim
-        placements: list[Placement] = []
-        for mesh_dim in range(mesh.ndim):
-            chosen: Placement = Replicate()
-            for k in range(ndim):
-                d = (mesh_dim + k) % ndim
-                n = pieces[d] * mesh.size(mesh_dim)
-                if d not in avoid and meta.shape[d] % n == 0:
-                    pieces[d] = n
-                    chosen = Shard(d)
-                    break
-            placements.append(chosen)
-        return [tuple(placements)]
-
-    return candidates
-
-
-def sampled_planner_candidates(
-    mesh: DeviceMesh, meta: TensorMeta
-) -> list[tuple[Placement, ...]]:
-    """``planner_candidates``, cut to a fixed sample of at most the limit.
-
-    The replicated candidate and an evenly sharded one are always kept, so a
-    planner query offers what both runtime queries offer (unless they avoid dims).
-    """
-    everything = planner_candidates(mesh, meta)
-    if len(everything) <= PLANNER_CANDIDATE_LIMIT:
-        return everything
-    keep = {everything[0], *map(tuple, sharded_candidate()(mesh, meta))}
-    rest = [c for c in everything if c not in keep]
-    picked = set(random.Random(len(everything)).sample(rest, PLANNER_CANDIDATE_LIMIT - len(keep)))
-    return [c for c in everything if c in keep or c in picked]
-
-
-def mode_candidates(mode: str, avoid: Sequence[int] = ()) -> Candidates:
-    """The candidates of ``mode``. ``avoid`` lists tensor dims the ``sharded``
-    mode leaves alone, because the op refuses them at runtime (e.g. the dim
-    ``unbind`` removes); a planner query offers them anyway and the strategy
-    must drop them, not fail."""
-    if mode == "replicate":
-        return replicated_candidate
-    if mode == "sharded":
-        return sharded_candidate(avoid)
-    if mode == "planner":
-        return sampled_planner_candidates
-    raise ValueError(mode)
-
-
-def short_dtype(dtype: torch.dtype) -> str:
-    return {
-        torch.float32: "f32",
-        torch.bfloat16: "bf16",
-        torch.float16: "f16",
-        torch.int64: "i64",
-        torch.int32: "i32",
-    }.get(dtype, str(dtype))
-
-
-def describe(spec: object) -> str:
-    """An output spec's metadata, for tables: dtype[shape]/stride, or None."""
-    if spec is None:
-        return "None"
-    if not isinstance(spec, DTensorSpec):
-        return type(spec).__name__
-    meta = spec.tensor_meta
-    if meta is None:
-        return "no meta"
-    return f"{short_dtype(meta.dtype)}{list(meta.shape)}/{tuple(meta.stride)}"
-
-
-def output_tuple(spec: OpSpec) -> tuple[object, ...]:
-    out = spec.output_specs
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
-class TestStrategyContractOps(StrategyContractTestBase):
+class TestStrategyContractOps(StrategyOpsTestBase):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
@@ -183,71 +88,6 @@ class TestStrategyContractOps(StrategyContractTestBase):
         lib.impl("one_out", lambda x: x.clone(), "CompositeExplicitAutograd")
         lib.impl("two_out", lambda x: (x.clone(), x.sum(0)), "CompositeExplicitAutograd")
         lib.impl("list_out", lambda xs: [x.clone() for x in xs], "CompositeExplicitAutograd")
-
-    # ---- helpers ----
-
-    def query(
-        self,
-        shape: tuple[int, ...],
-        mode: str,
-        op: torch._ops.OpOverload,
-        args: Sequence[object],
-        kwargs: dict[str, object] | None = None,
-        avoid: Sequence[int] = (),
-    ) -> tuple[OpSchema, StrategyType]:
-        """Query ``op``'s strategy in ``mode`` and assert the contract on it."""
-        mesh = self.mesh(shape)
-        schema = strategy_schema(mesh, op, args, kwargs, mode_candidates(mode, avoid))
-        strategy = query_strategy(schema, mesh)
-        self.assertIsNotNone(
-            strategy,
-            f"{op} ({strategy_registry(op)}) gave no strategy for a {mode} query",
-        )
-        self.assert_contract(schema, strategy)
-        return schema, strategy
-
-    def specs_of(self, strategy: StrategyType) -> list[OpSpec]:
-        self.assertIsInstance(strategy, OpStrategy)
-        self.assertGreater(len(strategy.strategies), 0)
-        return list(strategy.strategies)
-
-    def assert_output_metas(
-        self, strategy: StrategyType, expected: Sequence[TensorMeta | None]
-    ) -> None:
-        """Every OpSpec's outputs carry exactly ``expected`` (None where None)."""
-        for i, spec in enumerate(self.specs_of(strategy)):
-            outs = output_tuple(spec)
-            self.assertEqual(len(outs), len(expected), f"OpSpec {i}: {outs}")
-            for pos, (out, meta) in enumerate(zip(outs, expected)):
-                where = f"OpSpec {i} output {pos}"
-                if meta is None:
-                    self.assertIsNone(out, where)
-                else:
-                    self.assertIsInstance(out, DTensorSpec, where)
-                    self.assertEqual(out.tensor_meta, meta, where)
-
-    def output_table(
-        self, cases: Sequence[tuple[str, torch._ops.OpOverload, tuple, dict]]
-    ) -> str:
-        """Query every case on every mesh in every mode (asserting the contract)
-        and tabulate, per case and output position, the distinct output metas
-        found across all OpSpecs; one entry per cell means every spec agrees."""
-        rows = []
-        for label, op, args, kwargs in cases:
-            cells: list[list[str]] = []
-            for shape in MESHES:
-                for mode in MODES:
-                    with self.subTest(case=label, mesh=shape, mode=mode):
-                        _, strategy = self.query(shape, mode, op, args, kwargs)
-                        for spec in self.specs_of(strategy):
-                            for pos, out in enumerate(output_tuple(spec)):
-                                while len(cells) <= pos:
-                                    cells.append([])
-                                text = describe(out)
-                                if text not in cells[pos]:
-                                    cells[pos].append(text)
-            rows.append(f"{label}: " + " | ".join(" / ".join(c) for c in cells))
-        return "\n".join(rows)
 
     # ---- backward ops with output masks ----
 
@@ -280,63 +120,6 @@ TFT: f32[4, 3, 8, 8]/(192, 64, 8, 1) | None | f32[6]/(1,)
 TTF: f32[4, 3, 8, 8]/(192, 64, 8, 1) | f32[6, 3, 3, 3]/(27, 9, 3, 1) | None
 TTT: f32[4, 3, 8, 8]/(192, 64, 8, 1) | f32[6, 3, 3, 3]/(27, 9, 3, 1) | f32[6]/(1,)
 TTT cl: f32[4, 3, 8, 8]/(192, 1, 24, 3) | f32[6, 3, 3, 3]/(27, 1, 9, 3) | f32[6]/(1,)""",
-        )
-
-    def test_native_layer_norm_backward_output_mask(self) -> None:
-        x, grad = torch.randn(4, 6, 8), torch.randn(4, 6, 8)
-        mean, rstd = torch.randn(4, 6, 1), torch.rand(4, 6, 1)
-        w, b = torch.randn(8), torch.randn(8)
-        op = aten.native_layer_norm_backward.default
-        cases = []
-        for bits in range(8):
-            mask = [bool(bits & 4), bool(bits & 2), bool(bits & 1)]
-            label = "".join("T" if m else "F" for m in mask)
-            cases.append((label, op, (grad, x, [8], mean, rstd, w, b, mask), {}))
-        # without affine parameters, with the masks autograd passes then
-        no_affine = (grad, x, [8], mean, rstd, None, None, [True, False, False])
-        cases.append(("TFF no w/b", op, no_affine, {}))
-        cases.append(("TTF no b", op, (grad, x, [8], mean, rstd, w, None, [True, True, False]), {}))
-        # a 0-element input: shape inference gives grad_weight/grad_bias without
-        # weight/bias, so every rule (sharded ones too) must place them
-        x0, m0 = torch.randn(4, 0, 2), torch.randn(4, 1, 1)
-        cases.append(("TTT 0-elem no w/b", op, (x0, x0, [0, 2], m0, m0, None, None, [True] * 3), {}))
-        self.assertExpectedInline(
-            self.output_table(cases),
-            """\
-FFF: None | None | None
-FFT: None | None | f32[8]/(1,)
-FTF: None | f32[8]/(1,) | None
-FTT: None | f32[8]/(1,) | f32[8]/(1,)
-TFF: f32[4, 6, 8]/(48, 8, 1) | None | None
-TFT: f32[4, 6, 8]/(48, 8, 1) | None | f32[8]/(1,)
-TTF: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | None
-TTT: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | f32[8]/(1,)
-TFF no w/b: f32[4, 6, 8]/(48, 8, 1) | None | None
-TTF no b: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,) | None
-TTT 0-elem no w/b: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1) | f32[0, 2]/(2, 1)""",
-        )
-
-    def test_fused_rms_norm_backward_output_mask(self) -> None:
-        x, grad = torch.randn(4, 6, 8), torch.randn(4, 6, 8)
-        rstd, w = torch.rand(4, 6, 1), torch.randn(8)
-        op = aten._fused_rms_norm_backward.default
-        cases = []
-        for bits in range(4):
-            mask = [bool(bits & 2), bool(bits & 1)]
-            label = "".join("T" if m else "F" for m in mask)
-            cases.append((label, op, (grad, x, [8], rstd, w, mask), {}))
-        cases.append(("TF no w", op, (grad, x, [8], rstd, None, [True, False]), {}))
-        x0, r0 = torch.randn(4, 0, 2), torch.randn(4, 1, 1)
-        cases.append(("TT 0-elem no w", op, (x0, x0, [0, 2], r0, None, [True, True]), {}))
-        self.assertExpectedInline(
-            self.output_table(cases),
-            """\
-FF: None | None
-FT: None | f32[8]/(1,)
-TF: f32[4, 6, 8]/(48, 8, 1) | None
-TT: f32[4, 6, 8]/(48, 8, 1) | f32[8]/(1,)
-TF no w: f32[4, 6, 8]/(48, 8, 1) | None
-TT 0-elem no w: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1)""",
         )
 
     # ---- attention backward ----
@@ -397,7 +180,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
             """flash: f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1)""",  # noqa: B950
         )
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_attention_rank_local_outputs(self, shape: tuple[int, ...]) -> None:
         """The attention ops return their RNG state (and unused buffers) as tensors
         no rule gives a placement: they stay None in every spec, as DTensor hands
@@ -409,7 +192,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
             (aten._scaled_dot_product_flash_attention.default, (q, q, q), (2, 3, 7)),
         ]
         for op, args, local in cases:
-            for mode in MODES:
+            for mode in QUERY_MODES:
                 with self.subTest(op=str(op), mode=mode):
                     _, strategy = self.query(shape, mode, op, args)
                     for i, spec in enumerate(self.specs_of(strategy)):
@@ -424,8 +207,8 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         expected = [meta_of(r) for r in op(t["q"], t["k"], t["v"])]
         # logsumexp is laid out (batch, seq, heads): not contiguous
         self.assertFalse(torch.empty_strided(expected[1].shape, expected[1].stride).is_contiguous())
-        for shape in MESHES:
-            for mode in MODES:
+        for shape in OP_MESHES:
+            for mode in QUERY_MODES:
                 with self.subTest(mesh=shape, mode=mode):
                     _, strategy = self.query(shape, mode, op, (t["q"], t["k"], t["v"]))
                     self.assert_output_metas(strategy, expected)
@@ -439,15 +222,15 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         out, lse = fwd(t["q"], t["k"], t["v"])
         args = (t["grad"], t["q"], t["k"], t["v"], out, lse, 0.0, False)
         expected = [meta_of(r) for r in op(*args)]
-        for shape in MESHES:
-            for mode in MODES:
+        for shape in OP_MESHES:
+            for mode in QUERY_MODES:
                 with self.subTest(mesh=shape, mode=mode):
                     _, strategy = self.query(shape, mode, op, args)
                     self.assert_output_metas(strategy, expected)
 
     # ---- index outputs ----
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_index_outputs_are_int64(self, shape: tuple[int, ...]) -> None:
         x = torch.randn(8, 12).bfloat16()
         cases = [
@@ -459,70 +242,16 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         for op, args, result in cases:
             values, indices = (meta_of(r) for r in result)
             self.assertEqual((values.dtype, indices.dtype), (torch.bfloat16, torch.int64))
-            for mode in MODES:
+            for mode in QUERY_MODES:
                 with self.subTest(op=str(op), mode=mode):
                     _, strategy = self.query(shape, mode, op, args)
                     self.assert_output_metas(strategy, [values, indices])
 
     # ---- dtype conversion ----
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
-    def test_dtype_conversion_output_dtype(self, shape: tuple[int, ...]) -> None:
-        x = torch.randn(8, 12).bfloat16()
-        cases = [
-            (prims.convert_element_type.default, (x, torch.float32), {}),
-            (aten._to_copy.default, (x,), {"dtype": torch.float32}),
-        ]
-        expected = meta_of(x.float())
-        for op, args, kwargs in cases:
-            for mode in MODES:
-                with self.subTest(op=str(op), mode=mode):
-                    _, strategy = self.query(shape, mode, op, args, kwargs)
-                    self.assert_output_metas(strategy, [expected])
-                    for spec in self.specs_of(strategy):
-                        self.assertEqual(spec.input_specs[0].tensor_meta.dtype, torch.bfloat16)
-
     # ---- view ops: the op's strides ----
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
-    def test_view_ops_output_strides(self, shape: tuple[int, ...]) -> None:
-        x, y, z = torch.randn(8, 12), torch.randn(4, 8, 8), torch.randn(4, 1, 8)
-        # (op, args, avoid: tensor dims the sharded mode leaves alone, result)
-        cases = [
-            (aten.t.default, (x,), (), x.t()),
-            (aten.transpose.int, (y, 0, 2), (), y.transpose(0, 2)),
-            (aten.select.int, (y, 1, 2), (1,), y.select(1, 2)),
-            (aten.diagonal.default, (y, 0, 1, 2), (1, 2), y.diagonal(0, 1, 2)),
-            (aten.view.default, (y, [4, 64]), (1, 2), y.view(4, 64)),
-            (aten.permute.default, (y, [2, 0, 1]), (), y.permute(2, 0, 1)),
-            (aten.expand.default, (z, [4, 6, 8]), (1,), z.expand(4, 6, 8)),
-        ]
-        for op, args, avoid, result in cases:
-            expected = meta_of(result)
-            if op is not aten.view.default:
-                # the test is only as good as the op's strides are its own
-                self.assertFalse(result.is_contiguous(), str(op))
-            for mode in MODES:
-                with self.subTest(op=str(op), mode=mode):
-                    _, strategy = self.query(shape, mode, op, args, avoid=avoid)
-                    self.assert_output_metas(strategy, [expected])
-
     # ---- list results ----
-
-    @parametrize("shape", MESHES, name_fn=mesh_name)
-    def test_list_results_one_spec_per_element(self, shape: tuple[int, ...]) -> None:
-        x, y = torch.randn(10, 8), torch.randn(4, 6, 8)
-        cases = [
-            (aten.split.Tensor, (x, 4), (0,), torch.split(x, 4)),  # 4, 4, 2
-            (aten.chunk.default, (x, 3), (0,), torch.chunk(x, 3)),  # 4, 4, 2
-            (aten.unbind.int, (y, 1), (1,), torch.unbind(y, 1)),
-        ]
-        for op, args, avoid, result in cases:
-            expected = [meta_of(r) for r in result]
-            for mode in MODES:
-                with self.subTest(op=str(op), mode=mode):
-                    _, strategy = self.query(shape, mode, op, args, avoid=avoid)
-                    self.assert_output_metas(strategy, expected)
 
     # ---- foreach and fused optimizer ops ----
 
@@ -545,7 +274,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                 for spec in self.specs_of(child):
                     self.assertEqual(len(spec.input_specs), n_inputs)
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_foreach_ops_one_child_per_element(self, shape: tuple[int, ...]) -> None:
         xs, ys = self.foreach_lists()
         cases = [
@@ -557,12 +286,12 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         ]
         for op, args, result, n_inputs in cases:
             expected = [None if r is None else meta_of(r) for r in result]
-            for mode in MODES:
+            for mode in QUERY_MODES:
                 with self.subTest(op=str(op), mode=mode):
                     _, strategy = self.query(shape, mode, op, args)
                     self.assert_children(strategy, expected, n_inputs)
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_fused_adam(self, shape: tuple[int, ...]) -> None:
         for op in (aten._fused_adam_.default, aten._fused_adamw_.default):
             if strategy_registry(op) is None:
@@ -576,7 +305,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                 kwargs = dict(lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.01,
                               eps=1e-8, amsgrad=amsgrad, maximize=False)
                 args = (params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps)
-                for mode in MODES:
+                for mode in QUERY_MODES:
                     with self.subTest(op=str(op), amsgrad=amsgrad, mode=mode):
                         _, strategy = self.query(shape, mode, op, args, kwargs)
                         # one child per parameter, inputs: its element of each list
@@ -599,7 +328,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         expand = _expand_single_dim_strategy_to_mesh(mesh, schema, info, metas)
         return schema, expand(op, schema.args_meta, schema.kwargs_meta)
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_caller_metas_for_inplace_foreach(self, shape: tuple[int, ...]) -> None:
         """In-place foreach ops return nothing; metas of the self list (what a
         caller naturally passes) must not be indexed as per-return metas."""
@@ -675,11 +404,11 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
 
     # ---- in-place and out= ----
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_inplace_output_is_self(self, shape: tuple[int, ...]) -> None:
         x, y = torch.randn(8, 12), torch.randn(8, 12)
         for op in (aten.add_.Tensor, aten.mul_.Tensor):
-            for mode in MODES:
+            for mode in QUERY_MODES:
                 with self.subTest(op=str(op), mode=mode):
                     schema, strategy = self.query(shape, mode, op, (x, y))
                     self_candidates = {
@@ -694,7 +423,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                         self.assertIn(self_spec.placements, self_candidates, f"OpSpec {i}")
                         self.assertEqual(spec.output_specs.tensor_meta, meta_of(x))
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_out_variant_output_is_out(self, shape: tuple[int, ...]) -> None:
         a, b, c = torch.randn(8, 12), torch.randn(8, 12), torch.randn(12, 4)
         cases = [
@@ -704,7 +433,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         for op, args, out in cases:
             if strategy_registry(op) is None:
                 continue
-            for mode in MODES:
+            for mode in QUERY_MODES:
                 with self.subTest(op=str(op), mode=mode):
                     schema, strategy = self.query(shape, mode, op, args, {"out": out})
                     out_candidates = {
@@ -720,24 +449,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
 
     # ---- factory-like ops and ops without tensor results ----
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
-    def test_factory_like_dtype_from_kwarg(self, shape: tuple[int, ...]) -> None:
-        x = torch.randn(8, 12)
-        cases = [
-            (aten.zeros_like.default, (x,), {"dtype": torch.bfloat16}),
-            (aten.empty_like.default, (x,), {"dtype": torch.float16}),
-            (aten.new_zeros.default, (x, [4, 6]), {"dtype": torch.int32}),
-            (aten.full_like.default, (x, 2), {"dtype": torch.int64}),
-        ]
-        for op, args, kwargs in cases:
-            expected = meta_of(op(*args, **kwargs))
-            self.assertEqual(expected.dtype, kwargs["dtype"])
-            for mode in MODES:
-                with self.subTest(op=str(op), mode=mode):
-                    _, strategy = self.query(shape, mode, op, args, kwargs)
-                    self.assert_output_metas(strategy, [expected])
-
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_no_tensor_result(self, shape: tuple[int, ...]) -> None:
         x, y = torch.randn(8, 12), torch.randn(8, 12)
         cases = [
@@ -748,62 +460,18 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         for op, args in cases:
             if strategy_registry(op) is None:
                 continue
-            for mode in MODES:
+            for mode in QUERY_MODES:
                 with self.subTest(op=str(op), mode=mode):
                     _, strategy = self.query(shape, mode, op, args)
                     for i, spec in enumerate(self.specs_of(strategy)):
                         self.assertIsNone(spec.output_specs, f"OpSpec {i}")
                         self.assertEqual(len(spec.input_specs), len(args))
 
-    def test_histc_shards_only_with_bounds(self) -> None:
-        """histc bins over each rank's own data range when min == max (the defaults),
-        so only given, distinct bounds allow a sharded input; filling in the omitted
-        defaults must not change that."""
-        mesh = self.mesh((4,))
-        x = torch.randn(8, 4)
-        propagator = DTensor._op_dispatcher.sharding_propagator
-        for args, sharded in [((x,), False), ((x, 10), False), ((x, 10, 0, 0), False),
-                              ((x, 10, -1.0, 1.0), True)]:
-            with self.subTest(args=len(args), bounds=args[2:]):
-                schema = strategy_schema(mesh, aten.histc.default, args, None, planner_candidates)
-                strategy = propagator.get_op_strategy(schema)
-                self.assert_contract(schema, strategy)
-                partial = any(
-                    isinstance(p, Partial)
-                    for spec in self.specs_of(strategy)
-                    for p in spec.output_spec.placements
-                )
-                self.assertEqual(partial, sharded)
-
     # ---- shared strategy helpers called directly ----
-
-    @parametrize("shape", MESHES, name_fn=mesh_name)
-    def test_shared_helpers_called_directly(self, shape: tuple[int, ...]) -> None:
-        """The helpers a downstream rule author calls with an op schema hand out
-        complete specs without any registry around them."""
-        from torch.distributed.tensor._ops import _matrix_ops, _tensor_ops, utils
-
-        mesh = self.mesh(shape)
-        a, b, c = torch.randn(8, 12), torch.randn(12, 4), torch.randn(8, 4)
-        cases = [
-            ("replicate_op_strategy", aten.mm.default, (a, b), utils.replicate_op_strategy),
-            ("propagate_single_input_strategy", aten.clone.default, (a,),
-             _tensor_ops.propagate_single_input_strategy),
-            ("replica_only_strategy", aten.clone.default, (a,), _tensor_ops.replica_only_strategy),
-            ("_mm_like_strategy", aten.mm.default, (a, b),
-             lambda s: _matrix_ops._mm_like_strategy("mk,kn->mn", mesh, s)),
-            ("_addmm_like_strategy", aten.addmm.default, (c, a, b),
-             lambda s: _matrix_ops._addmm_like_strategy("mk,kn->mn", mesh, s)),
-        ]
-        for name, op, args, helper in cases:
-            for mode in MODES:
-                with self.subTest(helper=name, mode=mode):
-                    schema = strategy_schema(mesh, op, args, None, mode_candidates(mode))
-                    self.assert_contract(schema, helper(schema))
 
     # ---- calls that leave optional arguments out ----
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_optional_args_omitted(self, shape: tuple[int, ...]) -> None:
         """Each call passes only the op's required arguments, as DTensor's dispatch
         sees a call whose optional arguments hold their defaults. One op per
@@ -851,7 +519,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
             self.assertEqual(len(args), required, f"{op}: the case must omit every optional argument")
             avoid = (0,) if op == aten.unbind.int else ()  # unbind refuses its sharded dim
             propagator = DTensor._op_dispatcher.sharding_propagator
-            for mode in MODES:
+            for mode in QUERY_MODES:
                 with self.subTest(op=str(op), mode=mode):
                     # the contract, whichever registry holds the op
                     self.query(shape, mode, op, args, kwargs, avoid)
@@ -863,7 +531,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
 
     # ---- data-dependent results ----
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_data_dependent_outputs(self, shape: tuple[int, ...]) -> None:
         """A planner query about an op whose result size depends on the data gets
         specs whose metas carry unbacked symbolic sizes, from DTensor when a
@@ -928,7 +596,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
 
     # ---- ops whose decomposition is the only source ----
 
-    @parametrize("shape", MESHES, name_fn=mesh_name)
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_decomposition_only_ops_answer_planners(self, shape: tuple[int, ...]) -> None:
         """Every decomposition-derived op answers a planner. Decompositions that make
         tensors of their own (arange, scalar_tensor, full) trace; those that reach an
@@ -978,9 +646,9 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
 
     @parametrize(
         "case",
-        [("view", shape) for shape in MESHES]
-        + [("view_strided", shape) for shape in MESHES[1:]]
-        + [("unbind", shape) for shape in MESHES],
+        [("view", shape) for shape in OP_MESHES]
+        + [("view_strided", shape) for shape in OP_MESHES[1:]]
+        + [("unbind", shape) for shape in OP_MESHES],
         name_fn=lambda case: f"{case[0]}_{mesh_name(case[1])}",
     )
     def test_planner_query_with_unusable_candidates(self, case) -> None:

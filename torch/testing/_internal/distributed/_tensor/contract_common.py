@@ -12,18 +12,21 @@ contract checker) and is re-exported here.
 """
 
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor._op_schema import OpSchema, StrategyType
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, StrategyType
 from torch.distributed.tensor._ops.strategy_contract import (
     check_strategy_contract,
     format_violations,
     infer_output_metas,
     OutputMetas,
 )
+from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.testing._internal.common_utils import TestCase
 from torch.testing._internal.distributed._tensor.contract_sweep import (  # noqa: F401
     CandidateFunc,
@@ -40,7 +43,16 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 __all__ = [
     "MESH_SHAPES",
+    "OP_MESHES",
+    "QUERY_MODES",
     "StrategyContractTestBase",
+    "StrategyOpsTestBase",
+    "describe",
+    "mesh_name",
+    "mode_candidates",
+    "output_tuple",
+    "sampled_planner_candidates",
+    "sharded_candidate",
     "meta_of",
     "op_strategy",
     "planner_candidates",
@@ -118,3 +130,177 @@ class StrategyContractTestBase(TestCase):
                 f"{len(violations)} contract violation(s) for {op_schema.op}:\n"
                 + format_violations(violations)
             )
+
+
+# --------------------------------------------------------------------------------------
+# Per-op strategy queries: one op, three meshes, three ways of asking
+# --------------------------------------------------------------------------------------
+
+# 1-D, 2-D and 3-D meshes for per-op tests; all fit the fake world of 8 ranks.
+OP_MESHES: tuple[tuple[int, ...], ...] = ((4,), (2, 2), (2, 2, 2))
+# ``replicate``: every tensor input offers one replicated candidate (eager dispatch
+# of replicated DTensors); ``sharded``: one sharded candidate each (eager dispatch
+# of sharded DTensors); ``planner``: many candidates at once.
+QUERY_MODES = ("replicate", "sharded", "planner")
+
+# A planner query offers at most this many candidates per tensor input. All of
+# them would make 3-D queries of multi-input ops take seconds each; a fixed
+# sample still mixes Replicate, every Shard(d) and Partial across mesh dims.
+PLANNER_CANDIDATE_LIMIT = 12
+
+Candidates = Callable[[DeviceMesh, TensorMeta], Sequence[Sequence[Placement]]]
+
+
+def mesh_name(shape: tuple[int, ...]) -> str:
+    return "x".join(str(s) for s in shape)
+
+
+def sharded_candidate(avoid: Sequence[int] = ()) -> Candidates:
+    """One evenly sharded candidate per input: mesh dim i shards the first
+    tensor dim from i on (cyclically, skipping ``avoid``) that divides evenly,
+    and replicates when none does."""
+
+    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
+        ndim = len(meta.shape)
+        pieces = [1] * ndim
+        placements: list[Placement] = []
+        for mesh_dim in range(mesh.ndim):
+            chosen: Placement = Replicate()
+            for k in range(ndim):
+                d = (mesh_dim + k) % ndim
+                n = pieces[d] * mesh.size(mesh_dim)
+                if d not in avoid and meta.shape[d] % n == 0:
+                    pieces[d] = n
+                    chosen = Shard(d)
+                    break
+            placements.append(chosen)
+        return [tuple(placements)]
+
+    return candidates
+
+
+def sampled_planner_candidates(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """``planner_candidates``, cut to a fixed sample of at most the limit.
+
+    The replicated candidate and an evenly sharded one are always kept, so a
+    planner query offers what both runtime queries offer (unless they avoid dims).
+    """
+    everything = planner_candidates(mesh, meta)
+    if len(everything) <= PLANNER_CANDIDATE_LIMIT:
+        return everything
+    keep = {everything[0], *map(tuple, sharded_candidate()(mesh, meta))}
+    rest = [c for c in everything if c not in keep]
+    picked = set(random.Random(len(everything)).sample(rest, PLANNER_CANDIDATE_LIMIT - len(keep)))
+    return [c for c in everything if c in keep or c in picked]
+
+
+def mode_candidates(mode: str, avoid: Sequence[int] = ()) -> Candidates:
+    """The candidates of ``mode``. ``avoid`` lists tensor dims the ``sharded``
+    mode leaves alone, because the op refuses them at runtime (e.g. the dim
+    ``unbind`` removes); a planner query offers them anyway and the strategy
+    must drop them, not fail."""
+    if mode == "replicate":
+        return replicated_candidate
+    if mode == "sharded":
+        return sharded_candidate(avoid)
+    if mode == "planner":
+        return sampled_planner_candidates
+    raise ValueError(mode)
+
+
+def short_dtype(dtype: torch.dtype) -> str:
+    return {
+        torch.float32: "f32",
+        torch.bfloat16: "bf16",
+        torch.float16: "f16",
+        torch.int64: "i64",
+        torch.int32: "i32",
+    }.get(dtype, str(dtype))
+
+
+def describe(spec: object) -> str:
+    """An output spec's metadata, for tables: dtype[shape]/stride, or None."""
+    if spec is None:
+        return "None"
+    if not isinstance(spec, DTensorSpec):
+        return type(spec).__name__
+    meta = spec.tensor_meta
+    if meta is None:
+        return "no meta"
+    return f"{short_dtype(meta.dtype)}{list(meta.shape)}/{tuple(meta.stride)}"
+
+
+def output_tuple(spec: OpSpec) -> tuple[object, ...]:
+    out = spec.output_specs
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class StrategyOpsTestBase(StrategyContractTestBase):
+    """Base class for per-op tests: query an op in a mode, hold the answer to the
+    contract, and compare or tabulate its output metas."""
+
+
+    def query(
+        self,
+        shape: tuple[int, ...],
+        mode: str,
+        op: torch._ops.OpOverload,
+        args: Sequence[object],
+        kwargs: dict[str, object] | None = None,
+        avoid: Sequence[int] = (),
+    ) -> tuple[OpSchema, StrategyType]:
+        """Query ``op``'s strategy in ``mode`` and assert the contract on it."""
+        mesh = self.mesh(shape)
+        schema = strategy_schema(mesh, op, args, kwargs, mode_candidates(mode, avoid))
+        strategy = query_strategy(schema, mesh)
+        self.assertIsNotNone(
+            strategy,
+            f"{op} ({strategy_registry(op)}) gave no strategy for a {mode} query",
+        )
+        self.assert_contract(schema, strategy)
+        return schema, strategy
+
+    def specs_of(self, strategy: StrategyType) -> list[OpSpec]:
+        self.assertIsInstance(strategy, OpStrategy)
+        self.assertGreater(len(strategy.strategies), 0)
+        return list(strategy.strategies)
+
+    def assert_output_metas(
+        self, strategy: StrategyType, expected: Sequence[TensorMeta | None]
+    ) -> None:
+        """Every OpSpec's outputs carry exactly ``expected`` (None where None)."""
+        for i, spec in enumerate(self.specs_of(strategy)):
+            outs = output_tuple(spec)
+            self.assertEqual(len(outs), len(expected), f"OpSpec {i}: {outs}")
+            for pos, (out, meta) in enumerate(zip(outs, expected)):
+                where = f"OpSpec {i} output {pos}"
+                if meta is None:
+                    self.assertIsNone(out, where)
+                else:
+                    self.assertIsInstance(out, DTensorSpec, where)
+                    self.assertEqual(out.tensor_meta, meta, where)
+
+    def output_table(
+        self, cases: Sequence[tuple[str, torch._ops.OpOverload, tuple, dict]]
+    ) -> str:
+        """Query every case on every mesh in every mode (asserting the contract)
+        and tabulate, per case and output position, the distinct output metas
+        found across all OpSpecs; one entry per cell means every spec agrees."""
+        rows = []
+        for label, op, args, kwargs in cases:
+            cells: list[list[str]] = []
+            for shape in OP_MESHES:
+                for mode in QUERY_MODES:
+                    with self.subTest(case=label, mesh=shape, mode=mode):
+                        _, strategy = self.query(shape, mode, op, args, kwargs)
+                        for spec in self.specs_of(strategy):
+                            for pos, out in enumerate(output_tuple(spec)):
+                                while len(cells) <= pos:
+                                    cells.append([])
+                                text = describe(out)
+                                if text not in cells[pos]:
+                                    cells[pos].append(text)
+            rows.append(f"{label}: " + " | ".join(" / ".join(c) for c in cells))
+        return "\n".join(rows)

@@ -1,0 +1,59 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates
+# Owner(s): ["oncall: distributed"]
+"""
+Strategy-contract tests for the shared strategy helpers this stack completes when
+they are called directly, outside any registry (``_ops/_matrix_ops.py``'s mm-like
+helpers, and the ``utils``/``_tensor_ops`` helpers of earlier steps). See
+``contract_common`` for the query modes and meshes.
+"""
+
+import torch
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+from torch.testing._internal.distributed._tensor.contract_common import (
+    mesh_name,
+    mode_candidates,
+    OP_MESHES,
+    QUERY_MODES,
+    strategy_schema,
+    StrategyOpsTestBase,
+)
+
+
+aten = torch.ops.aten
+
+
+class TestMatrixOpsStrategyContract(StrategyOpsTestBase):
+    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
+    def test_shared_helpers_called_directly(self, shape: tuple[int, ...]) -> None:
+        """The helpers a downstream rule author calls with an op schema hand out
+        complete specs without any registry around them."""
+        from torch.distributed.tensor._ops import _matrix_ops, _tensor_ops, utils
+
+        mesh = self.mesh(shape)
+        a, b, c = torch.randn(8, 12), torch.randn(12, 4), torch.randn(8, 4)
+        cases = [
+            ("replicate_op_strategy", aten.mm.default, (a, b), utils.replicate_op_strategy),
+            ("propagate_single_input_strategy", aten.clone.default, (a,),
+             _tensor_ops.propagate_single_input_strategy),
+            ("replica_only_strategy", aten.clone.default, (a,), _tensor_ops.replica_only_strategy),
+            ("_mm_like_strategy", aten.mm.default, (a, b),
+             lambda s: _matrix_ops._mm_like_strategy("mk,kn->mn", mesh, s)),
+            ("_addmm_like_strategy", aten.addmm.default, (c, a, b),
+             lambda s: _matrix_ops._addmm_like_strategy("mk,kn->mn", mesh, s)),
+        ]
+        for name, op, args, helper in cases:
+            for mode in QUERY_MODES:
+                with self.subTest(helper=name, mode=mode):
+                    schema = strategy_schema(mesh, op, args, None, mode_candidates(mode))
+                    self.assert_contract(schema, helper(schema))
+
+
+instantiate_parametrized_tests(TestMatrixOpsStrategyContract)
+
+
+if __name__ == "__main__":
+    run_tests()
