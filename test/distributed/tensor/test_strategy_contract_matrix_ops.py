@@ -35,21 +35,28 @@ class TestMatrixOpsStrategyContract(StrategyOpsTestBase):
 
         mesh = self.mesh(shape)
         a, b, c = torch.randn(8, 12), torch.randn(12, 4), torch.randn(8, 4)
+        # (module, helper, op, args, how a rule author calls it)
         cases = [
-            ("replicate_op_strategy", aten.mm.default, (a, b), utils.replicate_op_strategy),
-            ("propagate_single_input_strategy", aten.clone.default, (a,),
-             _tensor_ops.propagate_single_input_strategy),
-            ("replica_only_strategy", aten.clone.default, (a,), _tensor_ops.replica_only_strategy),
-            ("_mm_like_strategy", aten.mm.default, (a, b),
-             lambda s: _matrix_ops._mm_like_strategy("mk,kn->mn", mesh, s)),
-            ("_addmm_like_strategy", aten.addmm.default, (c, a, b),
-             lambda s: _matrix_ops._addmm_like_strategy("mk,kn->mn", mesh, s)),
+            (utils, "replicate_op_strategy", aten.mm.default, (a, b), lambda f: f),
+            (_tensor_ops, "propagate_single_input_strategy", aten.clone.default, (a,), lambda f: f),
+            (_tensor_ops, "replica_only_strategy", aten.clone.default, (a,), lambda f: f),
+            (_matrix_ops, "_mm_like_strategy", aten.mm.default, (a, b),
+             lambda f: lambda s: f("mk,kn->mn", mesh, s)),
+            (_matrix_ops, "_addmm_like_strategy", aten.addmm.default, (c, a, b),
+             lambda f: lambda s: f("mk,kn->mn", mesh, s)),
         ]
-        for name, op, args, helper in cases:
+        present = 0
+        for module, name, op, args, call in cases:
+            helper = getattr(module, name, None)
+            if helper is None:
+                # later releases rewrote some of these as single-dim rules
+                continue
+            present += 1
             for mode in QUERY_MODES:
                 with self.subTest(helper=name, mode=mode):
                     schema = strategy_schema(mesh, op, args, None, mode_candidates(mode))
-                    self.assert_contract(schema, helper(schema))
+                    self.assert_contract(schema, call(helper)(schema))
+        self.assertGreater(present, 0, "none of the helpers exists in this torch")
 
 
 instantiate_parametrized_tests(TestMatrixOpsStrategyContract)
