@@ -71,7 +71,7 @@ from torch.utils import _pytree as pytree
 
 
 aten = torch.ops.aten
-prims = torch.ops.prims
+
 
 class TestStrategyContractOps(StrategyOpsTestBase):
     @classmethod

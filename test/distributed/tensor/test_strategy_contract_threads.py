@@ -499,6 +499,14 @@ class TestCachesStayBounded(ThreadsTestBase):
         # the second insert still evicts an entry, so the cache may end one short.)
         self.assertGreater(size(), 0, f"{name} is empty after the fill")
 
+    def fill_meta_cache(
+        self, calls: list[Callable[[], object]], rounds: int = FILL_ROUNDS
+    ) -> None:
+        """``fill`` the shape-inference cache with its bound lowered to ``BOUND``."""
+        cache = _finalize_strategy._meta_cache
+        with mock.patch.object(cache, "max_size", self.BOUND):
+            self.fill("_meta_cache", lambda: len(cache), cache.clear, calls, rounds=rounds)
+
     def test_meta_cache_bounded(self) -> None:
         """Shape inference for 64 distinct planner schemas (``output_metas_for``, the
         planner path's cached inference) from 8 threads with a bound of 4."""
@@ -507,14 +515,7 @@ class TestCachesStayBounded(ThreadsTestBase):
             strategy_schema(mesh, aten.add.Tensor, (torch.empty(k, 6), torch.empty(k, 6)))
             for k in range(1, 65)
         ]
-        calls = [lambda s=s: _finalize_strategy.output_metas_for(s) for s in schemas]
-        with mock.patch.object(_finalize_strategy._meta_cache, "max_size", self.BOUND):
-            self.fill(
-                "_meta_cache",
-                lambda: len(_finalize_strategy._meta_cache),
-                _finalize_strategy._meta_cache.clear,
-                calls,
-            )
+        self.fill_meta_cache([lambda s=s: _finalize_strategy.output_metas_for(s) for s in schemas])
 
     def test_meta_cache_bounded_through_get_op_strategy(self) -> None:
         """The same bound holds when the cache is filled by whole planner queries."""
@@ -528,14 +529,7 @@ class TestCachesStayBounded(ThreadsTestBase):
             for k in range(1, 25)
         ]
         calls = [lambda s=s: propagator.get_op_strategy(s) for s in schemas]
-        with mock.patch.object(_finalize_strategy._meta_cache, "max_size", self.BOUND):
-            self.fill(
-                "_meta_cache",
-                lambda: len(_finalize_strategy._meta_cache),
-                _finalize_strategy._meta_cache.clear,
-                calls,
-                rounds=2,  # whole planner queries: slower
-            )
+        self.fill_meta_cache(calls, rounds=2)  # whole planner queries: slower
 
     def test_cost_cache_bounded(self) -> None:
         """Redistribute costs of 128 distinct (source, target) pairs from 8 threads

@@ -290,9 +290,10 @@ def capped_candidates(limit: int) -> CandidateFunc:
     return candidates
 
 
-def _capped_candidates(
-    mesh: DeviceMesh, meta: TensorMeta, limit: int
-) -> list[tuple[Placement, ...]]:
+def _mesh_dim_options(mesh: DeviceMesh, meta: TensorMeta) -> list[list[Placement]]:
+    """Per mesh dim, the placements a candidate may take there: ``Replicate()``,
+    ``Shard(d)`` for each tensor dim at least as long as the mesh dim, and
+    ``Partial()`` for floating and complex dtypes."""
     options: list[list[Placement]] = []
     for mesh_dim in range(mesh.ndim):
         opts: list[Placement] = [Replicate()]
@@ -300,6 +301,13 @@ def _capped_candidates(
         if meta.dtype.is_floating_point or meta.dtype.is_complex:
             opts.append(Partial())
         options.append(opts)
+    return options
+
+
+def _capped_candidates(
+    mesh: DeviceMesh, meta: TensorMeta, limit: int
+) -> list[tuple[Placement, ...]]:
+    options = _mesh_dim_options(mesh, meta)
 
     def pieces(combo: tuple[int, ...]) -> list[int]:
         n = [1] * len(meta.shape)
@@ -362,13 +370,7 @@ def first_candidates(limit: int) -> CandidateFunc:
         raise ValueError(f"first_candidates needs a limit of at least 1, got {limit}")
 
     def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
-        options: list[list[Placement]] = []
-        for mesh_dim in range(mesh.ndim):
-            opts: list[Placement] = [Replicate()]
-            opts += [Shard(d) for d, n in enumerate(meta.shape) if n >= mesh.size(mesh_dim)]
-            if meta.dtype.is_floating_point or meta.dtype.is_complex:
-                opts.append(Partial())
-            options.append(opts)
+        options = _mesh_dim_options(mesh, meta)
         combos = sorted(
             itertools.product(*(range(len(o)) for o in options)),
             key=lambda c: (sum(i != 0 for i in c), c),
