@@ -101,6 +101,5 @@ TT 0-elem no w: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1)""",
                 self.assertEqual(partial, sharded)
 
 
-
 if __name__ == "__main__":
     run_tests()

@@ -16,8 +16,9 @@ planner or a direct caller does (see ``query_strategy``), on a 1-D, a 2-D and a
 
 Each strategy is held to the contract C1-C5, and then to the one property of
 the op a consumer is most likely to get wrong when it reads the specs as they
-are: masked-off gradients, index dtypes, view strides, per-element list
-results, in-place placements, factory dtypes, ops without tensor results.
+are: masked-off gradients (convolution, attention), index dtypes, foreach and
+fused-optimizer children, in-place and ``out=`` placements, ops without tensor
+results.
 Expected metadata comes from eager kernels on real tensors wherever they run on
 CPU, so the tests do not lean on the shape inference the machinery itself uses.
 The ops whose strategy modules a step of the stack changes are tested next to
@@ -247,12 +248,6 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                     _, strategy = self.query(shape, mode, op, args)
                     self.assert_output_metas(strategy, [values, indices])
 
-    # ---- dtype conversion ----
-
-    # ---- view ops: the op's strides ----
-
-    # ---- list results ----
-
     # ---- foreach and fused optimizer ops ----
 
     def foreach_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -466,8 +461,6 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                     for i, spec in enumerate(self.specs_of(strategy)):
                         self.assertIsNone(spec.output_specs, f"OpSpec {i}")
                         self.assertEqual(len(spec.input_specs), len(args))
-
-    # ---- shared strategy helpers called directly ----
 
     # ---- calls that leave optional arguments out ----
 

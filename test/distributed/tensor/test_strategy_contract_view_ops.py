@@ -3,8 +3,7 @@
 """
 Strategy-contract tests for the strategies of ``_ops/_view_ops.py`` this stack
 changes: every view op's output carries the view's own strides, in every query
-mode, including planner queries with candidates a view cannot keep. See
-``contract_common`` for the query modes and meshes.
+mode. See ``contract_common`` for the query modes and meshes.
 """
 
 import torch
