@@ -13,7 +13,7 @@ stored, so nothing symbolic outlives the trace that produced it.
 
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 
 __all__ = ["BoundedCache"]
@@ -42,26 +42,29 @@ class BoundedCache(Generic[K, V]):
     def get_or_compute(
         self,
         key: K,
-        compute: Callable[[], V],
+        compute: Callable[..., V],
+        *args: Any,
         keep: Callable[[V], bool] | None = None,
     ) -> V:
-        """The value cached for ``key``, else ``compute()``, stored under ``key``
-        unless ``keep`` says otherwise.
+        """The value cached for ``key``, else ``compute(*args)``, stored under
+        ``key`` unless ``keep`` says otherwise. (The arguments are passed, not
+        closed over, so that a hit allocates nothing.)
 
         An unhashable key (e.g. one holding a ``SymInt``) is computed and not stored.
         """
         try:
             value = self._entries.get(key, _MISSING)
         except TypeError:
-            return compute()
+            return compute(*args)
         if value is not _MISSING:
             return value  # type: ignore[return-value]
-        value = compute()
+        value = compute(*args)
         if keep is not None and not keep(value):
             return value
         with self._lock:
-            while self._entries and len(self._entries) >= self.max_size:
-                del self._entries[next(iter(self._entries))]
+            if key not in self._entries:  # another thread may have stored it meanwhile
+                while self._entries and len(self._entries) >= self.max_size:
+                    del self._entries[next(iter(self._entries))]
             self._entries[key] = value
         return value
 

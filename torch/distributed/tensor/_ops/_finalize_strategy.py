@@ -98,13 +98,12 @@ def _meta_cache_key(op_schema: OpSchema) -> Any:
     for inp in tensor_inputs(op_schema):
         device = inp.mesh.device_type
         break
-    key = (
+    return (
         op_schema.op,
         device,
         _freeze(op_schema.args_meta),
         _freeze(op_schema.kwargs_meta),
     )
-    return key
 
 
 def output_metas_for(op_schema: OpSchema) -> OutputMetas:
@@ -120,7 +119,8 @@ def output_metas_for(op_schema: OpSchema) -> OutputMetas:
     # its one inference: it is handed out but not kept.
     return _meta_cache.get_or_compute(
         _meta_cache_key(op_schema),
-        lambda: infer_output_metas(op_schema),
+        infer_output_metas,
+        op_schema,
         keep=_all_sizes_concrete,
     )
 
