@@ -28,7 +28,7 @@ from torch.distributed.tensor._ops.strategy_contract import (
 )
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.testing._internal.common_utils import TestCase
-from torch.testing._internal.distributed._tensor.contract_sweep import (  # noqa: F401
+from torch.testing._internal.distributed._tensor.contract_sweep import (
     meta_of,
     op_strategy,
     planner_candidates,
