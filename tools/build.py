@@ -60,14 +60,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 REPO_ROOT: Path = Path(__file__).resolve().parent.parent
 SCRIPT_PATH: Path = Path(__file__).resolve()
 
-#: The upstream release the change is developed against.
+#: The upstream release ``patches/`` is written against. Every other release's tree is
+#: derived from it by ``tools/rebase.py`` (a three-way merge plus the hand resolutions in
+#: ``rebase/<release>/``); see the README's "Two releases" for why 2.13.0 holds the patches.
 TORCH_VERSION = "2.13.0"
+#: Every release the change is built, tested, audited and benchmarked on; the first one
+#: is the PR's base (the release nearest to upstream main that installs here).
+RELEASES: tuple[str, ...] = ("2.14.1", "2.13.0")
 #: Name of the single git-style patch written by ``export``.
 EXPORT_PATCH_NAME = "dtensor-strategy-contract.patch"
 #: Bookkeeping file kept in each build's state directory (the venv root).
@@ -221,16 +226,18 @@ class Record:
     digests: dict[str, str]
     listed: frozenset[str]
     upstream_dirs: frozenset[str]
+    #: The installed release (``2.13.0``, ``2.14.1``).
+    version: str = TORCH_VERSION
 
     def expect(self, rel: str, data: bytes, where: Path) -> None:
         """Raise unless ``data`` is exactly the wheel's ``rel``."""
         expected = self.digests.get(rel)
         if expected is None:
-            raise BuildError(f"{rel} is not listed with a hash in {self.path}; it is not a file of torch {TORCH_VERSION}")
+            raise BuildError(f"{rel} is not listed with a hash in {self.path}; it is not a file of torch {self.version}")
         found = record_digest(data)
         if found != expected:
             raise BuildError(
-                f"{where} does not match torch {TORCH_VERSION}'s RECORD "
+                f"{where} does not match torch {self.version}'s RECORD "
                 f"(sha256 expected {expected}, found {found}): it was modified outside this build"
             )
 
@@ -242,14 +249,21 @@ def find_record(site: Path) -> Path:
     """Locate ``torch-<version>*.dist-info/RECORD`` inside ``site``."""
     if not site.is_dir():
         raise BuildError(f"site-packages directory {site} does not exist; run `make build` first")
-    candidates = sorted(p for p in site.glob(f"torch-{TORCH_VERSION}*.dist-info") if p.is_dir())
-    if len(candidates) != 1:
+    candidates = sorted(p for p in site.glob("torch-*.dist-info") if p.is_dir())
+    if len(candidates) != 1 or _record_version(candidates[0]) not in RELEASES:
         found = ", ".join(p.name for p in candidates) or "none"
-        raise BuildError(f"expected exactly one torch-{TORCH_VERSION}*.dist-info in {site}, found: {found}")
+        raise BuildError(
+            f"expected exactly one torch-<release>*.dist-info in {site} (releases: {', '.join(RELEASES)}), found: {found}"
+        )
     record = candidates[0] / "RECORD"
     if not record.is_file():
         raise BuildError(f"{record} is missing; the torch install in {site} is broken (reinstall it: `make clean build`)")
     return record
+
+
+def _record_version(dist_info: Path) -> str:
+    """The release a ``torch-<version>[+local].dist-info`` directory holds (``2.13.0+cpu`` -> ``2.13.0``)."""
+    return dist_info.name[len("torch-"): -len(".dist-info")].split("+")[0]
 
 
 def load_record(site: Path) -> Record:
@@ -273,7 +287,7 @@ def load_record(site: Path) -> Record:
         parts = rel.split("/")[:-1]
         for i in range(1, len(parts) + 1):
             dirs.add("/".join(parts[:i]))
-    return Record(record_path, digests, frozenset(listed), frozenset(dirs))
+    return Record(record_path, digests, frozenset(listed), frozenset(dirs), _record_version(record_path.parent))
 
 
 # ---------------------------------------------------------------------------
@@ -495,10 +509,15 @@ class Sources:
 
     root: Path
     script: Path = SCRIPT_PATH
+    #: Where the patches are: ``patches/`` for the release they are written against;
+    #: for another release, the rebased tree's diffs that the build generates.
+    patches_root: Path | None = None
+    #: The requirements file its venvs are installed from.
+    requirements_file: str = "test.txt"
 
     @property
     def patches_dir(self) -> Path:
-        return self.root / "patches"
+        return self.patches_root or self.root / "patches"
 
     @property
     def modules_dir(self) -> Path:
@@ -510,7 +529,7 @@ class Sources:
 
     @property
     def requirements(self) -> Path:
-        return self.root / "requirements" / "test.txt"
+        return self.root / "requirements" / self.requirements_file
 
     @property
     def pr_template(self) -> Path:
@@ -710,7 +729,7 @@ def apply_to_tree(sources: Sources, target: Target, force: bool = False) -> Buil
     for rel, path in sorted(patches.items()):
         if rel not in record.digests:
             raise BuildError(
-                f"{path} patches {rel}, which is not a file of torch {TORCH_VERSION} (not in {record.path}); "
+                f"{path} patches {rel}, which is not a file of torch {record.version} (not in {record.path}); "
                 "new files belong under torch/ in the repo"
             )
 
@@ -724,7 +743,7 @@ def apply_to_tree(sources: Sources, target: Target, force: bool = False) -> Buil
             # No verified copy anywhere and the installed file differs from the wheel.
             found = record_digest(installed.read_bytes())
             raise BuildError(
-                f"{installed} does not match torch {TORCH_VERSION}'s RECORD (sha256 expected "
+                f"{installed} does not match torch {record.version}'s RECORD (sha256 expected "
                 f"{record.digests[rel]}, found {found}) and there is no pristine copy to patch instead. "
                 "If you edited it in place, run `make refresh` first (it takes the original from the stock "
                 "venv); otherwise reinstall torch: `make clean build`"
@@ -846,7 +865,7 @@ def scan_tree(sources: Sources, target: Target, stock_site: Path | None) -> list
         installed = target.installed(rel)
         patch_file = sources.patch_path(rel)
         if rel not in record.digests:
-            raise BuildError(f"{patch_file} patches {rel}, which is not a file of torch {TORCH_VERSION}")
+            raise BuildError(f"{patch_file} patches {rel}, which is not a file of torch {record.version}")
         if not installed.is_file():
             raise BuildError(f"upstream file {installed} is missing; reinstall torch (`make clean build`)")
         current = installed.read_bytes()
@@ -1090,12 +1109,12 @@ def export(sources: Sources, targets: Sequence[Target], out_dir: Path) -> list[P
 # ---------------------------------------------------------------------------
 
 
-def env_stamp(sources: Sources, pip_args: Sequence[str]) -> str:
+def env_stamp(requirements: Path, pip_args: Sequence[str]) -> str:
     """Hash of what a venv's pip install depends on (not the patches)."""
     digest = hashlib.sha256()
     digest.update(sys.version.encode())
     digest.update(b"\0")
-    digest.update(sources.requirements.read_bytes())
+    digest.update(requirements.read_bytes())
     digest.update(b"\0")
     digest.update("\0".join(pip_args).encode())
     return digest.hexdigest()
@@ -1112,17 +1131,21 @@ def ensure_venvs(
     pip_args: Sequence[str],
     log: Log,
     guard: Callable[[Path], None] | None = None,
+    requirements: Mapping[Path, Path] | None = None,
 ) -> list[Path]:
     """(Re)create the venvs whose requirements stamp is stale, pip installs in parallel.
 
     A venv is recreated from scratch rather than upgraded in place, so it is
     always exactly the pins.  ``guard(venv)`` runs before an existing,
-    complete venv is wiped (to protect in-place edits).
+    complete venv is wiped (to protect in-place edits). ``requirements`` maps
+    a venv to its own requirements file (default: ``sources.requirements``).
     """
-    if not sources.requirements.is_file():
-        raise BuildError(f"{sources.requirements} is missing")
-    stamp = env_stamp(sources, pip_args)
-    todo = [v for v in venvs if not _venv_ready(v, stamp)]
+    wanted = {venv: (requirements or {}).get(venv, sources.requirements) for venv in venvs}
+    for path in sorted(set(wanted.values())):
+        if not path.is_file():
+            raise BuildError(f"{path} is missing")
+    stamps = {venv: env_stamp(req, pip_args) for venv, req in wanted.items()}
+    todo = [v for v in venvs if not _venv_ready(v, stamps[v])]
     if not todo:
         return []
     running: list[tuple[Path, subprocess.Popen[bytes], Path]] = []
@@ -1137,9 +1160,9 @@ def ensure_venvs(
         pip_log = venv / PIP_LOG_NAME
         cmd = [
             str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-            "-r", str(sources.requirements), *pip_args,
+            "-r", str(wanted[venv]), *pip_args,
         ]
-        log(f"pip install -r {sources.requirements.relative_to(sources.root)} into {venv} (log: {pip_log})")
+        log(f"pip install -r {wanted[venv].relative_to(sources.root)} into {venv} (log: {pip_log})")
         with pip_log.open("wb") as handle:
             running.append((venv, subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT), pip_log))
     failures: list[str] = []
@@ -1153,11 +1176,98 @@ def ensure_venvs(
             continue
         target = venv_target(venv)
         find_record(target.site)
-        state = BuildState(env_stamp=stamp)
+        state = BuildState(env_stamp=stamps[venv])
         target.save_state(state)
     if failures:
         raise BuildError("\n".join(failures))
     return todo
+
+
+# ---------------------------------------------------------------------------
+# The other releases (tools/rebase.py derives their trees from patches/)
+# ---------------------------------------------------------------------------
+
+#: Where a release's built venv keeps the diffs of its rebased files against that release.
+REBASED_PATCHES_DIR_NAME = ".rebased-patches"
+
+
+def parse_releases(text: str | None) -> list[str]:
+    """``2.14.1,2.13.0`` -> the releases, checked against :data:`RELEASES` (default: TORCH_VERSION)."""
+    releases = [r for r in (text or TORCH_VERSION).replace(" ", ",").split(",") if r]
+    unknown = [r for r in releases if r not in RELEASES]
+    if unknown:
+        raise BuildError(f"unknown torch release(s) {', '.join(unknown)}; this change is built on {', '.join(RELEASES)}")
+    return releases
+
+
+def release_venvs(args: argparse.Namespace, version: str) -> tuple[Path, Path]:
+    """(built venv, stock venv) of ``version``: ``--venv``/``--stock-venv`` for TORCH_VERSION, else
+    ``.venv-<version>`` and ``.venv-<version>-stock``."""
+    if version == TORCH_VERSION:
+        return Path(args.venv).resolve(), Path(args.stock_venv).resolve()
+    root = Path(args.repo).resolve()
+    return root / f".venv-{version}", root / f".venv-{version}-stock"
+
+
+def release_requirements(root: Path, version: str) -> Path:
+    """``requirements/test.txt`` pins TORCH_VERSION; ``requirements/test-<version>.txt`` another release."""
+    return Sources(root).requirements if version == TORCH_VERSION else root / "requirements" / f"test-{version}.txt"
+
+
+def inplace_edits(target: Target) -> list[str]:
+    """Files of ``target`` that differ from what its last build wrote."""
+    state = target.load_state()
+    edited = []
+    for rel, digest in sorted({**state.patched, **state.modules}.items()):
+        path = target.installed(rel)
+        if path.is_file() and record_digest(path.read_bytes()) != digest:
+            edited.append(str(path))
+    return edited
+
+
+def _overlay_stamp(stock: Path) -> str:
+    return hashlib.sha256(f"overlay\0{STATE_FORMAT}\0{venv_target(stock).load_state().env_stamp}".encode()).hexdigest()
+
+
+def build_release(ctx: Context, version: str, force: bool, log: Log) -> BuildReport:
+    """Build ``version``'s built venv: an overlay of its stock venv holding the rebased change.
+
+    The overlay (``tools/stack.py:overlay_venv``) links everything of the stock
+    install but DTensor's two directories, which are real copies; the rebased
+    files are applied to them as diffs against the release's own files, with
+    the same RECORD check, pristine copies and stamps as the TORCH_VERSION build.
+    """
+    if ctx.venv is None or ctx.stock_venv is None:
+        raise BuildError(f"building torch {version} needs the {TORCH_VERSION} venvs (the rebase reads their originals)")
+    built = ctx.sources.root / f".venv-{version}"
+    stock = ctx.sources.root / f".venv-{version}-stock"
+    target = venv_target(built)
+    stamp = _overlay_stamp(stock)
+    if not (built / "bin" / "python").exists() or target.load_state().env_stamp != stamp:
+        edited = inplace_edits(target) if built.exists() else []
+        if edited and not force:
+            raise BuildError(
+                f"{built} must be recreated (its stock venv changed), but it holds in-place edits:\n  "
+                + "\n  ".join(edited) + f"\nmove them into rebase/{version}/ (`tools/build.py rebase-resolve`) "
+                "or pass --force to discard them"
+            )
+        log(f"creating {built} (an overlay of {stock})")
+        _load_tool("stack").overlay_venv(stock, built)
+        target.save_state(BuildState(env_stamp=stamp))
+    rebase = _load_tool("rebase")
+    files = rebase.rebased_files(ctx.sources, _export_targets(ctx), version, log)
+    record = load_record(target.site)
+    patches_root = built / REBASED_PATCHES_DIR_NAME
+    shutil.rmtree(patches_root, ignore_errors=True)
+    for rel, data in files.items():
+        original = pristine_bytes(target, record, rel, venv_site_packages(stock))
+        if original is None:
+            raise BuildError(f"no copy of torch {version}'s {rel} verifies against {record.path}; recreate {stock}")
+        patch = make_patch(rel, decode_text(original, rel), decode_text(data, rel))
+        if patch:
+            write_file(patches_root / f"{rel}.patch", patch.encode("utf-8"))
+    sources = dataclasses.replace(ctx.sources, patches_root=patches_root, requirements_file=f"test-{version}.txt")
+    return apply_to_tree(sources, target, force=force)
 
 
 # ---------------------------------------------------------------------------
@@ -1193,9 +1303,12 @@ def _print_changes(changes: list[Change], log: Log) -> None:
 
 
 def cmd_build(args: argparse.Namespace, log: Log) -> int:
-    """Create/refresh the venvs as needed and apply the change to .venv."""
+    """Create/refresh the venvs of each --releases entry as needed and apply the change."""
     started = time.monotonic()
     ctx = _context(args)
+    others = [v for v in parse_releases(args.releases) if v != TORCH_VERSION]
+    if others and ctx.venv is None:
+        raise BuildError("--releases other than " + TORCH_VERSION + " build venvs; they cannot be used with --site-packages")
     if ctx.venv is not None and ctx.stock_venv is not None:
         pip_args = shlex.split(args.pip_args or "")
 
@@ -1210,17 +1323,28 @@ def cmd_build(args: argparse.Namespace, log: Log) -> int:
                     f"{lines}\nrun `make refresh` first, or pass --force to discard them"
                 )
 
-        ensure_venvs(ctx.sources, [ctx.venv, ctx.stock_venv], pip_args, log, guard)
+        stock_venvs = {release_venvs(args, v)[1]: release_requirements(ctx.sources.root, v) for v in others}
+        ensure_venvs(ctx.sources, [ctx.venv, ctx.stock_venv, *stock_venvs], pip_args, log, guard, stock_venvs)
     report = apply_to_tree(ctx.sources, ctx.target, force=args.force)
     for line in report.lines():
         log(f"build: {line}")
-    log(f"build: done in {time.monotonic() - started:.1f}s ({ctx.target.site})")
+    log(f"build: torch {TORCH_VERSION} done in {time.monotonic() - started:.1f}s ({ctx.target.site})")
+    for version in others:
+        report = build_release(ctx, version, args.force, log)
+        for line in report.lines():
+            log(f"build: torch {version}: {line}")
+        log(f"build: torch {version} done in {time.monotonic() - started:.1f}s ({release_venvs(args, version)[0]})")
     return 0
 
 
 def cmd_refresh(args: argparse.Namespace, log: Log) -> int:
     """Regenerate patches/ and repo modules from in-place edits in .venv."""
     ctx = _context(args)
+    if any(v != TORCH_VERSION for v in parse_releases(args.releases)):
+        raise BuildError(
+            f"patches/ is written against torch {TORCH_VERSION}: refresh edits made in its .venv. An edit that "
+            "only another release needs goes into rebase/<release>/ (`tools/build.py rebase-resolve`)"
+        )
     changes = refresh_tree(ctx.sources, ctx.target, ctx.stock_site, force=args.force)
     if not changes:
         log("refresh: the repo already matches the installed tree")
@@ -1236,10 +1360,21 @@ def cmd_refresh(args: argparse.Namespace, log: Log) -> int:
 def cmd_check_refreshed(args: argparse.Namespace, log: Log) -> int:
     """Exit non-zero when the installed tree holds edits the repo lacks."""
     ctx = _context(args)
+    status = 0
+    for version in parse_releases(args.releases):
+        if version == TORCH_VERSION:
+            continue
+        edited = inplace_edits(venv_target(release_venvs(args, version)[0]))
+        if edited:
+            print(f"check-refreshed: torch {version}'s built venv holds in-place edits (move them into "
+                  f"rebase/{version}/ with `tools/build.py rebase-resolve`):\n  " + "\n  ".join(edited), file=sys.stderr)
+            status = EXIT_NOT_REFRESHED
+    if TORCH_VERSION not in parse_releases(args.releases):
+        return status
     changes = scan_tree(ctx.sources, ctx.target, ctx.stock_site)
     if not changes:
         log(f"check-refreshed: {ctx.target.site} matches the repo")
-        return 0
+        return status
     print(f"check-refreshed: {ctx.target.site} and the repo differ (run `make refresh`, or `make build` if the repo is newer):",
           file=sys.stderr)
     for change in changes:
@@ -1292,24 +1427,34 @@ def cmd_export(args: argparse.Namespace, log: Log) -> int:
 
 
 def cmd_check_stack(args: argparse.Namespace, log: Log) -> int:
-    """Apply the PR stack step by step to stock torch and run each step's tests."""
+    """Apply the PR stack step by step to each release's stock torch and run each step's tests."""
     ctx = _context(args)
     if ctx.stock_site is None:
         raise BuildError("check-stack needs the stock venv (`make build`) or --stock-site-packages")
-    python = Path(args.python).resolve() if args.python else (ctx.stock_venv or ctx.stock_site.parent) / "bin" / "python"
-    if not python.exists():
-        raise BuildError(f"{python} does not exist; build the stock venv (`make build`) or pass --python")
     stack = _load_tool("stack")
-    started = time.monotonic()
-    report = None if args.no_report else ctx.sources.root / "reports" / stack.STACK_REPORT_NAME
     only = [s for s in (args.steps or "").split(",") if s]
     manifest = Path(args.manifest).resolve() if args.manifest else None
-    if manifest is not None:
-        report = None  # measurements of another stack layout are not this stack's results
-    runs = stack.check_stack(ctx.sources, _export_targets(ctx), ctx.stock_site, python, log, only, args.timeout,
-                             report, manifest, args.skip_final_tests)
-    log(f"check-stack: {len(runs)} step(s) green on their own in {time.monotonic() - started:.0f} s"
-        + (f"; results in {report}" if report else ""))
+    for version in parse_releases(args.releases):
+        started = time.monotonic()
+        steps = None
+        if version == TORCH_VERSION:
+            stock_site, stock_dir = ctx.stock_site, ctx.stock_venv or ctx.stock_site.parent
+        else:
+            if manifest is not None:
+                raise BuildError("--manifest tries another layout of the patches/ stack; use it without other releases")
+            stock_dir = release_venvs(args, version)[1]
+            stock_site = venv_site_packages(stock_dir)
+            steps = _load_tool("rebase").rebase_stack(ctx.sources, _export_targets(ctx), version, log).as_stack()
+        python = Path(args.python).resolve() if args.python else stock_dir / "bin" / "python"
+        if not python.exists():
+            raise BuildError(f"{python} does not exist; build the stock venv (`make build`) or pass --python")
+        report = None if args.no_report else stack.report_path(ctx.sources.root, stack.STACK_REPORT_NAME, version)
+        if manifest is not None:
+            report = None  # measurements of another stack layout are not this stack's results
+        runs = stack.check_stack(ctx.sources, _export_targets(ctx), stock_site, python, log, only, args.timeout,
+                                 report, manifest, args.skip_final_tests, steps, version)
+        log(f"check-stack: torch {version}: {len(runs)} step(s) green on their own in "
+            f"{time.monotonic() - started:.0f} s" + (f"; results in {report}" if report else ""))
     return 0
 
 
@@ -1338,6 +1483,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "(default: its parent directory)")
     common.add_argument("--stock-site-packages", help="pristine site-packages to take originals from "
                         "(default: the stock venv's)")
+    common.add_argument("--releases", default=os.environ.get("RELEASES", TORCH_VERSION),
+                        help=f"comma-separated torch releases among {', '.join(RELEASES)} (default: $RELEASES or "
+                        f"{TORCH_VERSION}); --venv/--stock-venv are {TORCH_VERSION}'s, another release's venvs are "
+                        ".venv-<release> and .venv-<release>-stock")
     parser = argparse.ArgumentParser(prog="tools/build.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_build = sub.add_parser("build", parents=[common], help=cmd_build.__doc__)

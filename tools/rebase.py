@@ -1,10 +1,13 @@
-"""The PR stack rebased onto a newer torch release, from that release's wheel sources.
+"""The change rebased onto another torch release (2.14.1, the PR's base), from that release's sources.
 
-The newer wheel is never installed (its CUDA build cannot run here, and the repo
-pins 2.13.0): ``pip download --no-deps`` fetches it once into a cache outside the
-repo (``$DTENSOR_WHEEL_CACHE`` or ``~/.cache/dtensor-wheels``), and only its
-``torch/distributed/tensor/`` and ``torch/testing/_internal/distributed/`` members
-are extracted, each checked against the wheel's RECORD.
+The release's sources are its ``torch/distributed/tensor/`` and
+``torch/testing/_internal/distributed/`` files, each checked against RECORD: read
+from the repo's stock venv of that release (``.venv-<release>-stock``, which
+``make build`` installs) when it exists, else from its wheel, which ``pip download
+--no-deps`` fetches once into a cache outside the repo (``$DTENSOR_WHEEL_CACHE`` or
+``~/.cache/dtensor-wheels``). ``rebased_files`` gives the patched files of the whole
+change on that release, which ``tools/build.py build`` installs into the release's
+built venv; ``export_rebased_stack`` writes the stack step by step.
 
 Each patched file is rebased by a three-way merge (``git merge-file``): the
 2.13.0 original is the base, the newer release's file is theirs, the 2.13.0 file
@@ -134,12 +137,36 @@ def read_wheel_sources(wheel: Path, prefixes: Sequence[str] = SOURCE_PREFIXES) -
     return files
 
 
-def release_sources(version: str, log: Log, cache: Path | None = None) -> dict[str, bytes]:
+def stock_site(root: Path, version: str) -> Path | None:
+    """The site-packages of the repo's stock venv of ``version``, if it is installed."""
+    site = bt.venv_site_packages(root / f".venv-{version}-stock")
+    return site if any(site.glob(f"torch-{version}*.dist-info")) else None
+
+
+def installed_sources(site: Path, prefixes: Sequence[str] = SOURCE_PREFIXES) -> dict[str, bytes]:
+    """The installed release's files under ``prefixes``, each verified against its RECORD."""
+    record = bt.load_record(site)
+    files: dict[str, bytes] = {}
+    for rel in sorted(record.digests):
+        if rel.startswith(tuple(prefixes)) and "__pycache__" not in rel:
+            data = (site / rel).read_bytes()
+            record.expect(rel, data, site / rel)
+            files[rel] = data
+    if not files:
+        raise BuildError(f"{record.path} lists nothing under {', '.join(prefixes)}")
+    return files
+
+
+def release_sources(version: str, log: Log, cache: Path | None = None, root: Path | None = None) -> dict[str, bytes]:
     """``torch/distributed/tensor`` and ``torch/testing/_internal/distributed`` of release ``version``.
 
-    Extracted once into ``<cache>/torch-<version>-sources/`` (the members the
-    rebase reads and nothing else); later runs read that copy.
+    From the repo's stock venv of ``version`` when ``root`` has one; else from the
+    wheel, extracted once into ``<cache>/torch-<version>-sources/`` (the members
+    the rebase reads and nothing else), which later runs read.
     """
+    site = stock_site(root, version) if root is not None else None
+    if site is not None:
+        return installed_sources(site)
     cache = cache or wheel_cache()
     wheel = find_wheel(version, cache, log)
     extracted = cache / f"torch-{version}-sources"
@@ -284,12 +311,17 @@ class Rebased:
     steps: tuple[Any, ...]
     originals: Mapping[str, bytes]
     how: Mapping[str, str]
+    manifest: Any = None
+
+    def as_stack(self) -> Any:
+        """The rebased steps as a ``tools/stack.py`` stack (what check-stack runs)."""
+        return st.Stack(self.manifest, self.steps, self.originals, dict(self.steps[-1].after))
 
 
 def rebase_stack(sources: Any, targets: Sequence[Any], version: str, log: Log) -> Rebased:
     """Every step of the current stack, its before/after trees rebased onto ``version``."""
     stack = st.derive_stack(sources, targets)
-    upstream = release_sources(version, log)
+    upstream = release_sources(version, log, root=sources.root)
     patched = set(sources.patches())
     originals: dict[str, bytes] = {}
     for rel in stack.results:
@@ -323,7 +355,23 @@ def rebase_stack(sources: Any, targets: Sequence[Any], version: str, log: Log) -
         )
         if unused:
             raise BuildError(f"{root} holds resolutions for files the change no longer patches: {', '.join(unused)}")
-    return Rebased(tuple(steps), originals, how)
+    return Rebased(tuple(steps), originals, how, stack.manifest)
+
+
+def rebased_files(sources: Any, targets: Sequence[Any], version: str, log: Log) -> dict[str, bytes]:
+    """Every file ``patches/`` edits, as the whole change leaves it on ``version``.
+
+    The same merge (and the same stored resolutions) as the last step of the
+    rebased stack, without deriving the steps.
+    """
+    _, originals, results = bt.build_export_patch(sources, targets)
+    upstream = release_sources(version, log, root=sources.root)
+    files: dict[str, bytes] = {}
+    for rel in sorted(sources.patches()):
+        if rel not in upstream:
+            raise BuildError(f"{rel} is patched but torch {version} has no such file; the rebase needs a new plan")
+        files[rel], _ = rebase_file(sources.root, rel, version, originals[rel], results[rel], upstream[rel], True)
+    return files
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -390,12 +438,14 @@ def export_rebased_stack(sources: Any, targets: Sequence[Any], version: str, out
             log(f"rebase: step {step.number} ({step.slug}) changes nothing on torch {version}; left out")
     renumbered = [dataclasses.replace(step, number=i) for i, step in enumerate(kept, 1)]
     author, date = st._author_and_date(sources.root)
-    messages = [
-        {**st.placeholder_values(sources, step, None), "check_stack": rebase_results(sources.root, step, version, rebased.how)}
-        for step in renumbered
-    ]
+    report = st.load_stack_report(st.report_path(sources.root, st.STACK_REPORT_NAME, version))
+    messages = []
+    for step in renumbered:
+        values = st.placeholder_values(sources, step, report, version)
+        values["check_stack"] = rebase_results(sources.root, step, version, rebased.how) + "\n\n" + values["check_stack"]
+        messages.append(values)
     final = renumbered[-1].after
-    tree = {**release_sources(version, log), **{rel: data for rel, data in final.items() if data is not None}}
+    tree = {**release_sources(version, log, root=sources.root), **{rel: data for rel, data in final.items() if data is not None}}
     problems = unresolved_imports(tree, sorted(rel for rel, data in final.items() if data is not None))
     if problems:
         raise BuildError(f"the stack rebased onto torch {version} imports names the release lacks:\n  " + "\n  ".join(problems))
@@ -408,7 +458,7 @@ def export_rebased_stack(sources: Any, targets: Sequence[Any], version: str, out
 
 def rebase_results(root: Path, step: Any, version: str, how: Mapping[str, str]) -> str:
     """The rebased step's Results: that it is untested there, and what the rebase changed in its files."""
-    lines = [untested_note(version)]
+    lines = [rebase_note(version)]
     for rel in step.changed:
         if how.get(rel) == "resolved":
             note = resolution_note(resolution_path(root, version, rel))
@@ -418,11 +468,10 @@ def rebase_results(root: Path, step: Any, version: str, how: Mapping[str, str]) 
     return "\n".join(lines)
 
 
-def untested_note(version: str) -> str:
+def rebase_note(version: str) -> str:
     return (
-        f"Rebased onto torch {version} by a three-way merge (see the README's rebase section); the tests ran "
-        f"on {bt.TORCH_VERSION} only: {version}'s wheel needs CUDA libraries and is not installed here. "
-        f"The figures below were measured on {bt.TORCH_VERSION}."
+        f"Rebased onto torch {version} from the {bt.TORCH_VERSION} patches by a three-way merge and the "
+        f"resolutions in `rebase/{version}/` (see the README's \"Two releases\")."
     )
 
 
@@ -435,7 +484,7 @@ def _inputs_for(sources: Any, targets: Sequence[Any], version: str, rel: str, lo
     stack = st.derive_stack(sources, targets)
     if rel not in sources.patches():
         raise BuildError(f"{rel} is not patched by the change (patches/{rel}.patch); only patched files are merged")
-    upstream = release_sources(version, log)
+    upstream = release_sources(version, log, root=sources.root)
     if rel not in upstream:
         raise BuildError(f"torch {version} has no {rel}")
     return {"base": stack.originals[rel], "ours": stack.results[rel], "theirs": upstream[rel]}

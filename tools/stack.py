@@ -445,11 +445,19 @@ def _author_and_date(root: Path) -> tuple[str, str]:
     return "DTensor strategy contract <noreply@localhost>", "Thu, 1 Jan 1970 00:00:00 +0000"
 
 
-def placeholder_values(sources: Any, step: Step, report: Mapping[str, Any] | None) -> dict[str, str]:
+def report_path(root: Path, name: str, version: str | None = None) -> Path:
+    """``reports/<name>`` for ``bt.TORCH_VERSION``, ``reports/<stem>-<version><suffix>`` for another release."""
+    path = root / "reports" / name
+    if version is None or version == bt.TORCH_VERSION:
+        return path
+    return path.with_name(f"{path.stem}-{version}{path.suffix}")
+
+
+def placeholder_values(sources: Any, step: Step, report: Mapping[str, Any] | None, version: str | None = None) -> dict[str, str]:
     return {
         "check_stack": check_stack_result(step, report),
-        "audit": bt._audit_tables(sources.audit_report).strip(),
-        "bench": _bench_table(sources.root / "reports" / "bench.json"),
+        "audit": bt._audit_tables(report_path(sources.root, "audit.md", version)).strip(),
+        "bench": _bench_table(report_path(sources.root, "bench.json", version)),
     }
 
 
@@ -579,6 +587,33 @@ def build_overlay(stock_site: Path, overlay: Path, copied: Sequence[str] = OVERL
         shutil.copytree(stock_site / rel, overlay / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
+#: The ``.pth`` file through which an overlay venv sees the rest of the stock install.
+OVERLAY_PTH = "_dtensor_stock_site.pth"
+
+
+def overlay_venv(stock_venv: Path, venv: Path) -> Path:
+    """A venv at ``venv`` whose torch is ``stock_venv``'s but for real copies of DTensor's directories.
+
+    Its site-packages holds the overlay of :func:`build_overlay` and torch's
+    dist-info (linked, so RECORD verifies the copies), and a ``.pth`` puts the
+    stock site-packages after it for every other package. It costs no pip
+    install and no copy of torch's binaries, and no ``PYTHONPATH`` is needed,
+    so a stock interpreter started from it sees stock torch. Returns the site.
+    """
+    stock_site = bt.venv_site_packages(stock_venv)
+    dist_infos = sorted(stock_site.glob("torch-*.dist-info"))
+    if len(dist_infos) != 1:
+        raise BuildError(f"{stock_site} holds {len(dist_infos)} torch dist-info directories; build the stock venv first")
+    if venv.exists():
+        shutil.rmtree(venv)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = bt.venv_site_packages(venv)
+    build_overlay(stock_site, site)
+    (site / dist_infos[0].name).symlink_to(dist_infos[0])
+    (site / OVERLAY_PTH).write_text(f"{stock_site}\n", encoding="utf-8")
+    return site
+
+
 _CONFTEST = '''\
 """Written by tools/stack.py: fail at once unless torch's DTensor comes from the overlay."""
 import importlib
@@ -616,7 +651,9 @@ class StepRun:
 def run_step(python: Path, overlay: Path, work: Path, step: Step, timeout: float, tests: bool = True) -> StepRun:
     """Install ``step.after`` into the overlay and run the step's tests with ``python``.
 
-    Without ``tests`` only the import check runs.
+    Without ``tests`` only the import check runs. ``python`` (the stock
+    interpreter) is also handed to tests that compare against stock torch in a
+    subprocess, as ``DTENSOR_STOCK_PYTHON``; they start it without the overlay.
     """
     if not tests:
         step = dataclasses.replace(step, tests=())
@@ -634,6 +671,7 @@ def run_step(python: Path, overlay: Path, work: Path, step: Step, timeout: float
         "PYTHONPATH": str(overlay),
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
+        "DTENSOR_STOCK_PYTHON": str(python),
     }
     if step.tests:
         cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(work), *step.tests]
@@ -669,15 +707,20 @@ def check_stack(
     report_path: Path | None = None,
     manifest_path: Path | None = None,
     skip_final_tests: bool = False,
+    stack: Stack | None = None,
+    version: str | None = None,
 ) -> list[StepRun]:
     """Run every step's tests on stock torch with steps 1..k applied (see the module docstring).
 
+    ``stock_site`` is the stock install of the release the steps are for and
+    ``python`` its interpreter; ``stack`` the steps (default: derived from ``patches/``, the
+    ``bt.TORCH_VERSION`` stack; the rebased stack for another ``version``).
     ``only`` limits the test runs to some step slugs (the tree is still
     built up through every earlier step). ``skip_final_tests`` runs only the
-    import check for the last step, whose tree is the combined change that
-    ``make test`` tests anyway (CI's subset). Raises when any step fails.
+    import check for the last step. Raises when any step fails.
     """
-    stack = derive_stack(sources, targets, manifest_path)
+    stack = stack or derive_stack(sources, targets, manifest_path)
+    version = version or bt.TORCH_VERSION
     unknown = sorted(set(only) - {s.slug for s in stack.steps})
     if unknown:
         raise BuildError(f"unknown step(s) {', '.join(unknown)}; the manifest has {', '.join(s.slug for s in stack.steps)}")
@@ -701,24 +744,25 @@ def check_stack(
             else:
                 run.summary += " (its tests are `make test`'s)"
             status = "ok  " if run.ok else "FAIL"
-            log(f"check-stack: {status} {step.number}/{stack.total} {step.slug}: {run.summary} ({run.seconds} s)")
+            log(f"check-stack: torch {version}: {status} {step.number}/{stack.total} {step.slug}: {run.summary} "
+                f"({run.seconds} s)")
             if not run.ok:
                 log("    " + run.output_tail.replace("\n", "\n    "))
         final = dict(stack.steps[-1].after)
         if final != dict(stack.results):
             raise BuildError("the stack's last step differs from dist's combined patch")
     if report_path is not None:
-        _record_runs(report_path, stack, runs)
+        _record_runs(report_path, stack, runs, version)
     failed = [r.slug for r in runs if not r.ok]
     if failed:
         raise BuildError(f"check-stack: step(s) failed on their own: {', '.join(failed)}")
     return runs
 
 
-def _record_runs(path: Path, stack: Stack, runs: Sequence[StepRun]) -> None:
-    """Merge these runs into ``reports/stack.json`` (only green runs count as results)."""
+def _record_runs(path: Path, stack: Stack, runs: Sequence[StepRun], version: str) -> None:
+    """Merge these runs into the release's stack report (only green runs count as results)."""
     report = load_stack_report(path) or {"format": STACK_REPORT_FORMAT, "steps": {}}
-    report["torch"] = bt.TORCH_VERSION
+    report["torch"] = version
     steps = {s.slug: s for s in stack.steps}
     kept = {slug: entry for slug, entry in report.get("steps", {}).items() if slug in steps}
     date = datetime.date.today().isoformat()

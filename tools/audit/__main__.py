@@ -934,6 +934,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="python file each worker runs after setup, before querying (tests, experiments)")
     ap.add_argument("--sequential", action="store_true", help="run the workers one after the other")
     ap.add_argument("--out-dir", default="reports", help="where audit.json and audit.md go")
+    ap.add_argument("--report-name", default="audit",
+                    help="file name of the report, without suffix (make audit: audit-<release> but for 2.13.0's)")
     ap.add_argument("--build-dir", default=".build/audit", help="worker JSON and logs")
     ap.add_argument("--from-json", action="store_true", help="re-render from the worker JSON of the last run")
     ap.add_argument("--top", type=int, default=15, help="rows in the offender/mismatch lists")
@@ -964,7 +966,7 @@ def main(argv: list[str] | None = None) -> int:
     pdocs: dict[str, Any] = {}
     if args.parity_only:
         # keep the contract sections of the last full report; only the parity part is new
-        previous = out_dir / "audit.json"
+        previous = out_dir / f"{args.report_name}.json"
         merged = json.loads(previous.read_text()) if previous.exists() else {}
         if "results" not in merged:
             merged = {}
@@ -997,19 +999,20 @@ def main(argv: list[str] | None = None) -> int:
     merged["strict"] = {"requested": args.strict, "failures": reasons or []}
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "audit.json").write_text(json.dumps(merged, indent=1, sort_keys=False) + "\n")
+    json_path, md_path = out_dir / f"{args.report_name}.json", out_dir / f"{args.report_name}.md"
+    json_path.write_text(json.dumps(merged, indent=1, sort_keys=False) + "\n")
     if "results" in merged:
-        (out_dir / "audit.md").write_text(render(merged, md=True, top=min(args.top, 10), strict_reasons=None))
+        md_path.write_text(render(merged, md=True, top=min(args.top, 10), strict_reasons=None))
         text = render(merged, md=False, top=args.top, strict_reasons=reasons)
     else:
         # --parity-only with no earlier contract report: the parity section alone
-        (out_dir / "audit.md").write_text("## DTensor audit (`python -m tools.audit --parity-only`)\n\n"
+        md_path.write_text("## DTensor audit (`python -m tools.audit --parity-only`)\n\n"
                                           + render_parity(merged["parity"], True, min(args.top, 10)) + "\n")
         text = render_parity(merged["parity"], False, args.top) + "\n"
         if reasons is not None:
             text += "\n== Strict ==\n" + ("FAIL: " + "; ".join(reasons) if reasons else "PASS") + "\n"
     print(text)
-    print(f"wrote {out_dir / 'audit.json'} and {out_dir / 'audit.md'} "
+    print(f"wrote {json_path} and {md_path} "
           f"({merged['timing']['orchestrator_wall_s']}s)")
     if args.strict and reasons:
         return 1

@@ -328,7 +328,7 @@ class RebaseTest(StackTestCase):
         self.assertEqual((out / f"stack-{self.VERSION}" / "series").read_text().split(),
                          ["0001-contract.patch", "0002-prop.patch", "0003-api.patch"])
         text = (out / f"stack-{self.VERSION}" / "0002-prop.patch").read_text()
-        self.assertIn("the tests ran on 2.13.0 only", text)
+        self.assertIn("Rebased onto torch 9.9.9 from the 2.13.0 patches", text)
         self.assertIn(f"`{PROP}`: three-way merge without conflicts.", text)
         extracted = self.cache / f"torch-{self.VERSION}-sources"
         self.assertEqual((extracted / PROP).read_text(), newer)

@@ -254,10 +254,14 @@ def stock_python() -> str | None:
     return candidate if os.path.exists(candidate) else None
 
 
-def _start_worker(python: str, out_path: str) -> subprocess.Popen:
+def _start_worker(python: str, out_path: str, stock: bool = False) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # No stray TORCH_LOGS from the caller: the worker's log settings are its own.
     env.pop("TORCH_LOGS", None)
+    if stock:
+        # The caller's torch may be an overlay on PYTHONPATH (make check-stack):
+        # the stock interpreter must see its own torch only.
+        env.pop("PYTHONPATH", None)
     return subprocess.Popen(
         [python, os.path.abspath(__file__), CAPTURE_FLAG, out_path],
         stdout=subprocess.PIPE,
@@ -601,7 +605,7 @@ class TestGuardsMatchStock(TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             paths = {label: os.path.join(tmp, f"{label}.json") for label in ("stock", "built")}
             procs = {
-                "stock": _start_worker(stock, paths["stock"]),
+                "stock": _start_worker(stock, paths["stock"], stock=True),
                 "built": _start_worker(sys.executable, paths["built"]),
             }
             results = {label: _finish_worker(p, paths[label], label) for label, p in procs.items()}
