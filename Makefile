@@ -72,8 +72,10 @@ $(LINT_VENV)/.installed: requirements/lint.txt
 	$(LINT_VENV)/bin/pip install -q --disable-pip-version-check $(PIP_ARGS) -r requirements/lint.txt
 	touch $@
 
+# Per release: mypy resolves imports against that release's built torch, and the patched
+# upstream files are judged on the lines its diffs add (2.14.1: the rebased change).
 lint: build $(LINT_VENV)/.installed
-	$(PYTHON) tools/lint.py --venv $(VENV) --lint-venv $(LINT_VENV)
+	$(foreach r,$(RELEASE_LIST),$(PYTHON) tools/lint.py --venv $(if $(filter $(PRIMARY),$(r)),$(VENV),.venv-$(r)) $(if $(filter $(PRIMARY),$(r)),,--patches .venv-$(r)/.rebased-patches) --lint-venv $(LINT_VENV) &&) true
 
 clean:
 	rm -rf $(VENV) $(STOCK_VENV) .venv-2.14.1 .venv-2.14.1-stock dist

@@ -171,7 +171,7 @@ def _module_name(rel: str) -> str:
     return dotted.removesuffix(".__init__")
 
 
-def collect(root: Path, site: Path) -> Targets:
+def collect(root: Path, site: Path, patches: Path | None = None) -> Targets:
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *CHANGE_DIRS],
         cwd=root, check=True, capture_output=True, text=True,
@@ -179,12 +179,12 @@ def collect(root: Path, site: Path) -> Targets:
     repo_files = sorted({rel for rel in listed if rel.endswith(".py") and (root / rel).is_file()})
     patched: dict[str, Path] = {}
     added: dict[str, set[int]] = {}
-    patches = root / "patches"
+    patches = patches or root / "patches"
     for patch in sorted(patches.rglob("*.py.patch")):
         rel = patch.relative_to(patches).as_posix()[: -len(".patch")]
         installed = site / rel
         if not installed.is_file():
-            raise SystemExit(f"lint: {installed} (patched by {patch.relative_to(root)}) is missing; run `make build`")
+            raise SystemExit(f"lint: {installed} (patched by {patch}) is missing; run `make build`")
         patched[rel] = installed
         added[rel] = added_lines(patch.read_text())
     to_rel = {os.path.realpath(root / rel): rel for rel in repo_files}
@@ -264,11 +264,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv", help="the built venv (torch with the change)")
     parser.add_argument("--lint-venv", type=Path, default=ROOT / ".venv-lint", help="venv holding the pinned linters")
+    parser.add_argument("--patches", type=Path, default=None,
+                        help="the diffs the built venv's upstream files carry (default: patches/; for 2.14.1: "
+                        ".venv-2.14.1/.rebased-patches, the rebased change the build applied)")
     parser.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     args = parser.parse_args(argv)
     python = args.venv / "bin" / "python"
     site = args.venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    targets = collect(ROOT, site)
+    targets = collect(ROOT, site, args.patches)
     raw, timings = run_linters(ROOT, args.lint_venv, python, targets, args.jobs)
     findings, dropped = keep_added(raw, targets.added)
     print(report(findings, dropped, timings, targets))

@@ -1007,7 +1007,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         # --parity-only with no earlier contract report: the parity section alone
         md_path.write_text("## DTensor audit (`python -m tools.audit --parity-only`)\n\n"
-                                          + render_parity(merged["parity"], True, min(args.top, 10)) + "\n")
+                           + render_parity(merged["parity"], True, min(args.top, 10)) + "\n")
         text = render_parity(merged["parity"], False, args.top) + "\n"
         if reasons is not None:
             text += "\n== Strict ==\n" + ("FAIL: " + "; ".join(reasons) if reasons else "PASS") + "\n"
