@@ -4,13 +4,24 @@
 Strategy-contract tests for the strategies of ``_ops/_math_ops.py`` this stack
 changes: the normalization backward rules place exactly the gradients the op
 returns (output masks, 0-element inputs without weight or bias), and ``histc``
-shards only with given, distinct bounds. See ``contract_common`` for the query
-modes and meshes.
+shards only with given, distinct bounds. A rule bug of torch 2.14.1's
+single-dim reductions is fixed too: the foreach norms read their ``dtype`` as a
+``dim``; that test asks a planner query and runs the op eagerly, every rank
+simulated by ``LocalTensorMode``. See ``contract_common`` for the query modes
+and meshes.
 """
 
+from collections.abc import Callable, Sequence
+
 import torch
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Partial
+from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
+from torch.distributed.tensor import distribute_tensor, DTensor
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+)
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.contract_common import (
     planner_candidates,
@@ -100,6 +111,54 @@ TT 0-elem no w: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1)""",
                 )
                 self.assertEqual(partial, sharded)
 
+    # ---- reductions: every registry op answers a planner and runs eagerly ----
+
+    def eager_ranks(
+        self,
+        mesh_shape: tuple[int, ...],
+        fn: Callable[..., object],
+        placed: Sequence[tuple[torch.Tensor, Sequence[Placement]]],
+    ) -> list[list[torch.Tensor]]:
+        """``fn`` on DTensors of ``placed``, every rank simulated by
+        ``LocalTensorMode``: per output tensor, each rank's full value.
+
+        Each rank gets its own copy of every input, as real ranks have: an op
+        writing into an input (``out``) must not write into a tensor they share.
+        """
+        mesh = self.mesh(mesh_shape)
+        with LocalTensorMode(frozenset(range(mesh.size()))):
+            copies = [torch.empty(t.shape, dtype=t.dtype).copy_(t) for t, _ in placed]
+            out = fn(*(distribute_tensor(c, mesh, list(p)) for c, (_, p) in zip(copies, placed)))
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            values = []
+            for o in outs:
+                self.assertIsInstance(o, DTensor)
+                full = o.full_tensor()
+                self.assertIsInstance(full, LocalTensor)
+                values.append([full._local_tensors[r] for r in sorted(full._local_tensors)])
+            return values
+
+    def test_foreach_norms_with_dtype(self) -> None:
+        """The foreach norms take ``(ord, dtype)`` where the single-tensor norms
+        take ``(ord, dim, keepdim)``: a dtype given must not be read as a dim
+        (each tensor reduces over all of its dims, in that dtype)."""
+        xs = [torch.randn(8, 6), torch.randn(4, 8)]
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        for op in (aten._foreach_norm.Scalar, aten._foreach_powsum.Scalar):
+            args = (xs, 2, torch.float64)
+            expected = op(*args)
+            for shape in ((4,), (2, 2)):
+                with self.subTest(op=str(op), mesh=shape):
+                    schema = strategy_schema(self.mesh(shape), op, args, None, planner_candidates)
+                    self.assert_contract(schema, propagator.get_op_strategy(schema))
+                    first, second = [Shard(0)] * len(shape), [Shard(1)] + [Replicate()] * (len(shape) - 1)
+                    got = self.eager_ranks(
+                        shape, lambda a, b: op([a, b], 2, torch.float64), [(xs[0], first), (xs[1], second)]
+                    )
+                    self.assertEqual(len(got), len(expected))
+                    for want, per_rank in zip(expected, got):
+                        for value in per_rank:
+                            self.assertEqual(value, want, exact_dtype=True)
 
 if __name__ == "__main__":
     run_tests()
