@@ -4,9 +4,10 @@
 Strategy-contract tests for the strategies of ``_ops/_math_ops.py`` this stack
 changes: the normalization backward rules place exactly the gradients the op
 returns (output masks, 0-element inputs without weight or bias), and ``histc``
-shards only with given, distinct bounds. A rule bug of torch 2.14.1's
-single-dim reductions is fixed too: the foreach norms read their ``dtype`` as a
-``dim``; that test asks a planner query and runs the op eagerly, every rank
+shards only with given, distinct bounds. Two rule bugs of torch 2.14.1's
+single-dim reductions are fixed too: the foreach norms read their ``dtype`` as a
+``dim``, and the reduction ``out`` overloads registered by name leave ``out``
+unplaced; those tests ask a planner query and run the op eagerly, every rank
 simulated by ``LocalTensorMode``. See ``contract_common`` for the query modes
 and meshes.
 """
@@ -159,6 +160,46 @@ TT 0-elem no w: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1)""",
                     for want, per_rank in zip(expected, got):
                         for value in per_rank:
                             self.assertEqual(value, want, exact_dtype=True)
+
+    def test_reduction_out_overloads_place_out(self) -> None:
+        """``out`` is a tensor input the result is written into, so every OpSpec
+        of an out overload places it exactly like the result; eagerly the result
+        lands in ``out``, sharded or not."""
+        x = torch.randn(8, 6)
+        cases = [
+            (aten.amax.out, x, lambda d: ([d], False)),
+            (aten.amin.out, x, lambda d: ([d], False)),
+            (aten.prod.int_out, x, lambda d: (d, False)),
+            (aten.mean.out, x, lambda d: ([d], False)),
+            (aten.any.out, x > 0, lambda d: (d, False)),
+        ]
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        for op, inp, rest in cases:
+            # reducing dim 0 of a row-sharded input gives a partial result that a
+            # replicated out cannot take; reducing dim 1 keeps the rows' sharding
+            for dim, out_placement in ((0, Replicate()), (1, Shard(0))):
+                args = (inp, *rest(dim))
+                expected = op(*args, out=torch.empty(0, dtype=inp.dtype))
+                out = torch.empty(expected.shape, dtype=expected.dtype)
+                for shape in ((4,), (2, 2)):
+                    with self.subTest(op=str(op), dim=dim, mesh=shape):
+                        schema = strategy_schema(
+                            self.mesh(shape), op, args, {"out": out}, planner_candidates
+                        )
+                        strategy = propagator.get_op_strategy(schema)
+                        self.assert_contract(schema, strategy)
+                        for spec in self.specs_of(strategy):
+                            self.assertEqual(spec.input_specs[-1].placements, spec.output_spec.placements)
+                        row_sharded = [Shard(0)] + [Replicate()] * (len(shape) - 1)
+                        got = self.eager_ranks(
+                            shape,
+                            lambda a, o: (op(a, *rest(dim), out=o), o),
+                            [(inp, row_sharded), (out, [out_placement] + [Replicate()] * (len(shape) - 1))],
+                        )
+                        for per_rank in got:
+                            for value in per_rank:
+                                self.assertEqual(value, expected, exact_dtype=True)
+
 
 if __name__ == "__main__":
     run_tests()
