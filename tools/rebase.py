@@ -97,7 +97,7 @@ def find_wheel(version: str, cache: Path, log: Log, download: bool = True) -> Pa
     if not download:
         raise BuildError(f"no {pattern} in {cache}")
     cache.mkdir(parents=True, exist_ok=True)
-    log(f"rebase: downloading torch=={version} (sources only; never installed) into {cache}")
+    log(f"rebase: downloading the torch=={version} wheel (for its sources; no stock venv of it) into {cache}")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
            f"torch=={version}", "-d", str(cache)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
