@@ -575,11 +575,17 @@ def utility_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> OpStrategy | None
     if info is None or any(isinstance(x, (TupleStrategy, list, tuple)) for x in args):
         return None
     n_inputs = sum(isinstance(x, OpStrategy) for x in args)
-    n_outputs = sum("Tensor" in str(r.type) for r in op._schema.returns)
     rules = [
         [Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
         for rule in info.func(op, op_schema.args_meta, op_schema.kwargs_meta)
     ]
+    if any(isinstance(r.type, torch.ListType) for r in op._schema.returns):
+        # A Tensor[] result takes one placement per element: the rules say how many.
+        if not rules:
+            return None
+        n_outputs = len(rules[0]) - n_inputs
+    else:
+        n_outputs = sum("Tensor" in str(r.type) for r in op._schema.returns)
     replicate: list[Placement | None] = [Replicate()] * (n_outputs + n_inputs)
     if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in rules):
         rules.append(replicate)
