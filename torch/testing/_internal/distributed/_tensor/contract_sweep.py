@@ -914,18 +914,22 @@ def select_calls(
     return selected
 
 
-def registry_coverage(ops: Iterable[OpOverload]) -> dict[str, tuple[int, int | None]]:
-    """Per registry: how many of ``ops`` it answers for, and how many it registers.
+def registry_coverage(ops: Iterable[OpOverload]) -> dict[str, tuple[int, int]]:
+    """Per registry: how many of ``ops`` it answers for, and how many it holds.
 
-    Any op with a decomposition reaches the decomposition registry, so it has
-    no registered count (``None``).
+    The decomposition registry holds the ops with an explicit decomposition
+    that no other registry answers; ops with a CompositeImplicitAutograd kernel
+    reach it too, uncounted.
     """
+    from torch._decomp import decomposition_table
+
     propagator = _sharding_propagator()
     single_dim = set(propagator.op_single_dim_strategy_funcs)
+    op_strategy = set(propagator.op_strategy_funcs) - single_dim
     registered = {
         "single_dim": len(single_dim),
-        "op_strategy": len(set(propagator.op_strategy_funcs) - single_dim),
-        "decomposition": None,
+        "op_strategy": len(op_strategy),
+        "decomposition": len(set(decomposition_table) - single_dim - op_strategy),
     }
     reached = dict.fromkeys(REGISTRIES, 0)
     for op in ops:
