@@ -1034,6 +1034,11 @@ EXTRA_RUNTIME_REFUSALS: dict[str, str] = {
         "split-off leading size to divide evenly over the mesh dim, and a view "
         "cannot redistribute its input"
     ),
+    "no valid sharding strategy for the input placements": (
+        "no spec keeps a placement that cannot be redistributed (an out= tensor "
+        "sharded unevenly or Partial); where torch 2.13.0's expansion hands back "
+        "an empty strategy (counted apart below), later releases raise this"
+    ),
 }
 
 
