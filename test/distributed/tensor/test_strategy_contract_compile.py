@@ -21,7 +21,7 @@ sum, mean), forward and backward, on a fake process group with a 1-D and a 2-D
 mesh, compiled with ``dynamic=True`` by the ``eager`` and ``aot_eager`` backends
 and called with three batch sizes.
 
-This file also runs under stock torch 2.13.0 as a worker
+This file also runs under stock torch as a worker
 (``python test_strategy_contract_compile.py --capture-guards OUT.json``), so its
 module-level imports use only what stock torch has.
 """
@@ -254,19 +254,35 @@ def stock_python() -> str | None:
     return candidate if os.path.exists(candidate) else None
 
 
-def _start_worker(python: str, out_path: str, stock: bool = False) -> subprocess.Popen:
+def _worker_env(stock: bool) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # No stray TORCH_LOGS from the caller: the worker's log settings are its own.
     env.pop("TORCH_LOGS", None)
     if stock:
-        # The caller's torch may be an overlay on PYTHONPATH (make check-stack):
-        # the stock interpreter must see its own torch only.
+        # A built torch may be an overlay on PYTHONPATH; stock must import its own.
         env.pop("PYTHONPATH", None)
+    return env
+
+
+def torch_release(python: str | None = None) -> str:
+    """The release (no local build tag) of the torch ``python`` imports as the
+    stock worker does, or of this interpreter's torch."""
+    if python is None:
+        return torch.__version__.split("+")[0]
+    code = "from importlib.metadata import version; print(version('torch'))"
+    out = subprocess.run(
+        [python, "-c", code], env=_worker_env(stock=True), cwd=tempfile.gettempdir(),
+        capture_output=True, text=True, check=True,
+    )
+    return out.stdout.strip().split("+")[0]
+
+
+def _start_worker(python: str, out_path: str, stock: bool) -> subprocess.Popen:
     return subprocess.Popen(
         [python, os.path.abspath(__file__), CAPTURE_FLAG, out_path],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=env,
+        env=_worker_env(stock),
         cwd=tempfile.gettempdir(),  # never pick up the repo's torch/ by accident
     )
 
@@ -602,11 +618,18 @@ class TestGuardsMatchStock(TestCase):
             )
         if not os.path.exists(stock):
             self.fail(f"{STOCK_PYTHON_ENV}={stock} does not exist")
+        stock_release, release = torch_release(stock), torch_release()
+        if stock_release != release:
+            # Guards of two releases differ for reasons of their own.
+            mismatch = f"{stock} has torch {stock_release}, this interpreter {release}"
+            if os.environ.get(STOCK_PYTHON_ENV):
+                self.fail(mismatch)
+            self.skipTest(f"no stock torch {release}: {mismatch}; set {STOCK_PYTHON_ENV}")
         with tempfile.TemporaryDirectory() as tmp:
             paths = {label: os.path.join(tmp, f"{label}.json") for label in ("stock", "built")}
             procs = {
                 "stock": _start_worker(stock, paths["stock"], stock=True),
-                "built": _start_worker(sys.executable, paths["built"]),
+                "built": _start_worker(sys.executable, paths["built"], stock=False),
             }
             results = {label: _finish_worker(p, paths[label], label) for label, p in procs.items()}
         self.assertNotEqual(

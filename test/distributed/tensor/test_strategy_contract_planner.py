@@ -56,6 +56,7 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
+    answered_by,
     meta_of,
     op_strategy,
     planner_candidates,
@@ -409,7 +410,13 @@ class TestPlannerConsumesStrategies(StrategyContractTestBase):
         """The walk fails a node whose strategy breaks the contract (C1 here)."""
         gm = trace_model("relu_cross_entropy")
         propagator = DTensor._op_dispatcher.sharding_propagator
-        func = propagator.op_strategy_funcs[aten.t.default]
+        # The first op of the graph with one tensor result and a registered strategy.
+        single_output = [
+            n.target for n in gm.graph.nodes
+            if isinstance(n.target, OpOverload) and [str(r.type) for r in n.target._schema.returns] == ["Tensor"]
+        ]
+        op = answered_by("op_strategy", list(dict.fromkeys(single_output)))
+        func = propagator.op_strategy_funcs[op]
 
         def wrong_meta(schema: OpSchema, *args: Any) -> StrategyType:
             strategy = func(schema, *args)
@@ -422,11 +429,11 @@ class TestPlannerConsumesStrategies(StrategyContractTestBase):
 
         from unittest import mock
 
-        with mock.patch.dict(propagator.op_strategy_funcs, {aten.t.default: wrong_meta}):
+        with mock.patch.dict(propagator.op_strategy_funcs, {op: wrong_meta}):
             report = PlannerWalk(self, self.mesh((2, 2)), gm.graph).run()
-        t_nodes = [n.name for n in gm.graph.nodes if n.target is aten.t.default]
+        op_nodes = [n.name for n in gm.graph.nodes if n.target is op]
         self.assertEqual(
-            [f.split(" ")[0] for f in report.failures], t_nodes, "\n".join(report.failures)
+            [f.split(" ")[0] for f in report.failures], op_nodes, "\n".join(report.failures)
         )
         self.assertIn("C1", report.failures[0])
 

@@ -63,9 +63,12 @@ CALLS_PER_OP = 1
 CANDIDATES_PER_INPUT = 6
 FOREACH_TENSORS = 2
 
-# Registered ops the capture reaches at least (483, 116 and 104 on torch
-# 2.13.0): a capture that silently stopped working would otherwise pass.
-MIN_REACHED = {"single_dim": 440, "op_strategy": 105, "decomposition": 90}
+# The share of each registry's ops the capture reaches at least, so that a
+# capture that silently stopped working fails. Torch 2.13.0 and 2.14.1 hold very
+# different registries (151 and 19 op strategies), yet the capture reaches about
+# the same share: 48% of single-dim rules, 77% and 95% of op strategies, 24% and
+# 25% of the explicit decompositions no other registry answers.
+MIN_REACHED_SHARE = {"single_dim": 0.4, "op_strategy": 0.6, "decomposition": 0.2}
 
 
 def mesh_name(shape: tuple[int, ...]) -> str:
@@ -117,9 +120,8 @@ class TestStrategyContractRegistry(StrategyContractTestBase):
         coverage = registry_coverage(self.calls)
         print(f"capture: {self.capture_counts}")
         for registry, (reached, registered) in coverage.items():
-            of = "" if registered is None else f" of {registered} registered"
-            print(f"{registry}: {reached}{of} ops reached by OpInfo samples")
-            self.assertGreaterEqual(reached, MIN_REACHED[registry], registry)
+            print(f"{registry}: {reached} of {registered} registered ops reached by OpInfo samples")
+            self.assertGreaterEqual(reached, MIN_REACHED_SHARE[registry] * registered, registry)
 
     def test_skips_and_refusals_are_reasoned(self) -> None:
         reached = {str(op) for op in self.calls}

@@ -57,14 +57,19 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
+    answered_by,
     meta_of,
     op_strategy,
+    ops_by_registry,
     planner_candidates,
     query_strategy,
     strategy_schema,
     StrategyContractTestBase,
 )
-from torch.testing._internal.distributed._tensor.contract_sweep import capped_candidates
+from torch.testing._internal.distributed._tensor.contract_sweep import (
+    capped_candidates,
+    REGISTRIES,
+)
 from torch.utils import _pytree as pytree
 
 
@@ -358,19 +363,6 @@ def clear_sharding_caches(propagator: ShardingPropagator) -> None:
         meta_cache.clear()
 
 
-def registry_of(propagator: ShardingPropagator, op: torch._ops.OpOverload) -> str:
-    """Which of DTensor's registries answers ``op`` at runtime (first match wins)."""
-    if op in propagator.op_single_dim_strategy_funcs:
-        return "single_dim"
-    if op in propagator.op_strategy_funcs:
-        return "op_strategy"
-    if op in propagator.op_to_rules:
-        return "rule"
-    if DecompShardingStrategy.has_decomp(op):
-        return "decomposition"
-    return "none"
-
-
 def _propagator() -> ShardingPropagator:
     return DTensor._op_dispatcher.sharding_propagator
 
@@ -378,38 +370,36 @@ def _propagator() -> ShardingPropagator:
 # A DTensor factory: global shape, placements, dtype.
 MakeDTensor = Callable[..., DTensor]
 
-# Eager cases: name -> (registry the op must be answered by, op, args builder).
+# Eager cases: name -> (op, args builder); together they reach every registry.
 EAGER_CASES: dict[
-    str, tuple[str, torch._ops.OpOverload, Callable[[MakeDTensor], tuple[tuple, dict]]]
+    str, tuple[torch._ops.OpOverload, Callable[[MakeDTensor], tuple[tuple, dict]]]
 ] = {
-    "t": ("op_strategy", aten.t.default, lambda dt: ((dt((8, 6), S0, R),), {})),
+    "t": (aten.t.default, lambda dt: ((dt((8, 6), S0, R),), {})),
     "sum_dim": (
-        "op_strategy",
         aten.sum.dim_IntList,
         lambda dt: ((dt((8, 6), S0, S1), [1]), {}),
     ),
+    "view": (
+        aten.view.default,
+        lambda dt: ((dt((8, 6), S0, R), [4, 12]), {}),
+    ),
     "mm": (
-        "single_dim",
         aten.mm.default,
         lambda dt: ((dt((8, 6), S0, R), dt((6, 4), R, S1)), {}),
     ),
     "add": (
-        "single_dim",
         aten.add.Tensor,
         lambda dt: ((dt((8, 6), S0, R), dt((8, 6), R, S1)), {}),
     ),
     "to_copy": (
-        "single_dim",
         aten._to_copy.default,
         lambda dt: ((dt((8, 6), S0, P),), {"dtype": torch.float64}),
     ),
     "max_dim": (
-        "single_dim",
         aten.max.dim,
         lambda dt: ((dt((8, 6), S0, S1), 1), {}),
     ),
     "foreach_add": (
-        "single_dim",
         aten._foreach_add.List,
         lambda dt: (
             ([dt((8, 6), S0, R), dt((4,), R, R)], [dt((8, 6), R, S1), dt((4,), S0, R)]),
@@ -417,12 +407,10 @@ EAGER_CASES: dict[
         ),
     ),
     "hardswish": (
-        "decomposition",
         aten.hardswish.default,
         lambda dt: ((dt((8, 6), S0, S1),), {}),
     ),
     "mv": (
-        "decomposition",
         aten.mv.default,
         lambda dt: ((dt((8, 6), S0, S1), dt((6,), S0, R)), {}),
     ),
@@ -451,6 +439,11 @@ class TestShapeInferenceCount(StrategyContractTestBase):
             stride=base.stride(),
         )
 
+    def test_eager_cases_cover_every_registry(self) -> None:
+        """Releases move ops between registries; the cases must still reach each."""
+        reached = ops_by_registry(op for op, _ in EAGER_CASES.values())
+        self.assertEqual(set(reached), set(REGISTRIES), f"the cases by registry: {reached}")
+
     @parametrize("case", list(EAGER_CASES))
     def test_one_inference_per_runtime_query(self, case: str) -> None:
         """A cache miss infers once per sharding query; a repeat infers nothing.
@@ -458,12 +451,7 @@ class TestShapeInferenceCount(StrategyContractTestBase):
         Decomposition-derived ops propagate their decomposition's ops as separate
         (cached) queries while tracing; each query still infers exactly once.
         """
-        registry, op, make_args = EAGER_CASES[case]
-        self.assertEqual(
-            registry_of(self.p, op),
-            registry,
-            f"{op} is no longer answered by the {registry} registry; pick another op",
-        )
+        op, make_args = EAGER_CASES[case]
         args, kwargs = make_args(self.dt)
         clear_sharding_caches(self.p)
 
@@ -501,7 +489,7 @@ class TestShapeInferenceCount(StrategyContractTestBase):
     @parametrize("case", ["t", "mm", "max_dim", "foreach_add", "hardswish"])
     def test_python_sharding_cache_still_hits(self, case: str) -> None:
         """``propagate_op_sharding``'s own LRU cache answers a repeated query."""
-        _, op, make_args = EAGER_CASES[case]
+        op, make_args = EAGER_CASES[case]
         args, kwargs = make_args(self.dt)
         schema = DTensor._op_dispatcher.unwrap_to_op_info(op, args, kwargs).schema
         clear_sharding_caches(self.p)
@@ -545,21 +533,26 @@ class TestShapeInferenceCount(StrategyContractTestBase):
         return result
 
     def test_registry_call_infers_once_per_schema(self) -> None:
-        op = aten.sum.dim_IntList
+        # A registered op strategy, and two values of its non-tensor argument
+        # giving different output metas.
+        op, arg, other = answered_by(
+            "op_strategy",
+            [(aten.sum.dim_IntList, [0], [1]), (aten.unsqueeze.default, 0, 1)],
+        )
         func = self.p.op_strategy_funcs[op]
         clear_sharding_caches(self.p)
-        self.assert_inferences(op, 1, lambda: func(self.planner_schema(op, [(8, 6)], [0])))
+        self.assert_inferences(op, 1, lambda: func(self.planner_schema(op, [(8, 6)], arg)))
         # An equal schema (a distinct object) is answered from the finalizer's cache.
-        self.assert_inferences(op, 0, lambda: func(self.planner_schema(op, [(8, 6)], [0])))
+        self.assert_inferences(op, 0, lambda: func(self.planner_schema(op, [(8, 6)], arg)))
         # Other candidates for the same metas: the output metas are the same.
         self.assert_inferences(
-            op, 0, lambda: func(self.planner_schema(op, [(8, 6)], [0], n_candidates=3))
+            op, 0, lambda: func(self.planner_schema(op, [(8, 6)], arg, n_candidates=3))
         )
         # A different input meta or non-tensor argument infers again.
-        self.assert_inferences(op, 1, lambda: func(self.planner_schema(op, [(8, 4)], [0])))
-        self.assert_inferences(op, 1, lambda: func(self.planner_schema(op, [(8, 6)], [1])))
-        strategy = func(self.planner_schema(op, [(8, 4)], [0]))
-        self.assert_contract(self.planner_schema(op, [(8, 4)], [0]), strategy)
+        self.assert_inferences(op, 1, lambda: func(self.planner_schema(op, [(8, 4)], arg)))
+        self.assert_inferences(op, 1, lambda: func(self.planner_schema(op, [(8, 6)], other)))
+        strategy = func(self.planner_schema(op, [(8, 4)], arg))
+        self.assert_contract(self.planner_schema(op, [(8, 4)], arg), strategy)
 
     def test_single_dim_expansion_infers_once_per_schema(self) -> None:
         op = aten.mm.default
@@ -577,8 +570,7 @@ class TestShapeInferenceCount(StrategyContractTestBase):
         self.assert_contract(self.planner_schema(op, [(8, 6), (6, 8)]), query([(8, 6), (6, 8)]))
 
     def test_decomposition_query_infers_once_per_schema(self) -> None:
-        op = aten.hardswish.default
-        self.assertEqual(registry_of(self.p, op), "decomposition")
+        op = answered_by("decomposition", [aten.hardswish.default])
         self.p.decomp_strategy.ensure_schema_info(op)
 
         def query(shape: Sequence[int]) -> object:
@@ -980,8 +972,8 @@ class TestDecompositionTraceBound(StrategyContractTestBase):
     @parametrize("name", LIST_ARG_DECOMPOSITION_OPS)
     def test_eager_list_arguments_trace_nothing(self, name: str) -> None:
         op, args, kwargs = self.sample_args(name)
+        answered_by("decomposition", [op])
         p = _propagator()
-        self.assertEqual(registry_of(p, op), "decomposition")
         mesh = self.mesh((4,))
         traced = mock.patch.object(
             DecompShardingStrategy,

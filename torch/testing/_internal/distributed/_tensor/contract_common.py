@@ -13,7 +13,9 @@ contract checker) and is re-exported here.
 
 import math
 import random
-from collections.abc import Callable, Sequence
+import unittest
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,7 @@ from torch.distributed.tensor._ops.strategy_contract import (
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.testing._internal.common_utils import TestCase
 from torch.testing._internal.distributed._tensor.contract_sweep import (
+    REGISTRIES,
     meta_of,
     op_strategy,
     planner_candidates,
@@ -46,9 +49,11 @@ __all__ = [
     "QUERY_MODES",
     "StrategyContractTestBase",
     "StrategyOpsTestBase",
+    "answered_by",
     "describe",
     "mesh_name",
     "mode_candidates",
+    "ops_by_registry",
     "output_tuple",
     "sampled_planner_candidates",
     "sharded_candidate",
@@ -67,6 +72,43 @@ WORLD_SIZE = 8
 # Meshes the contract tests run on: 1-D, the two 2-D shapes (square and not, so a
 # mix-up of mesh dims shows) and a 3-D mesh.
 MESH_SHAPES: tuple[tuple[int, ...], ...] = ((4,), (2, 2), (2, 4), (2, 2, 2))
+
+
+_Case = TypeVar("_Case")
+
+
+def ops_by_registry(ops: Iterable[torch._ops.OpOverload]) -> dict[str | None, list[str]]:
+    """``ops`` grouped by the registry that answers each on this torch (``None``:
+    no registry), so a test can check its cases reach every registry without
+    naming where a release put each op."""
+    grouped: dict[str | None, list[str]] = {}
+    for op in ops:
+        grouped.setdefault(strategy_registry(op), []).append(str(op))
+    return grouped
+
+
+def _case_op(case: object) -> torch._ops.OpOverload:
+    op = case if isinstance(case, torch._ops.OpOverload) else case[0]  # type: ignore[index]
+    if not isinstance(op, torch._ops.OpOverload):
+        raise TypeError(f"a case is an OpOverload or a tuple starting with one, got {case!r}")
+    return op
+
+
+def answered_by(registry: str, candidates: Sequence[_Case]) -> _Case:
+    """The first of ``candidates`` (ops, or tuples starting with the op) whose
+    op ``registry`` answers on this torch.
+
+    Releases move ops between registries; a test that needs an op of some kind
+    in a given registry lists the ones that would do, and skips, naming what this
+    torch lacks, when the registry answers none of them.
+    """
+    if registry not in REGISTRIES:
+        raise ValueError(f"unknown registry {registry!r}, expected one of {REGISTRIES}")
+    for case in candidates:
+        if strategy_registry(_case_op(case)) == registry:
+            return case
+    names = ", ".join(str(_case_op(c)) for c in candidates)
+    raise unittest.SkipTest(f"this torch's {registry} registry answers none of {names}")
 
 
 class StrategyContractTestBase(TestCase):

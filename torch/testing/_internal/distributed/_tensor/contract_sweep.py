@@ -575,11 +575,17 @@ def utility_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> OpStrategy | None
     if info is None or any(isinstance(x, (TupleStrategy, list, tuple)) for x in args):
         return None
     n_inputs = sum(isinstance(x, OpStrategy) for x in args)
-    n_outputs = sum("Tensor" in str(r.type) for r in op._schema.returns)
     rules = [
         [Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
         for rule in info.func(op, op_schema.args_meta, op_schema.kwargs_meta)
     ]
+    if any(isinstance(r.type, torch.ListType) for r in op._schema.returns):
+        # A Tensor[] result takes one placement per element: the rules say how many.
+        if not rules:
+            return None
+        n_outputs = len(rules[0]) - n_inputs
+    else:
+        n_outputs = sum("Tensor" in str(r.type) for r in op._schema.returns)
     replicate: list[Placement | None] = [Replicate()] * (n_outputs + n_inputs)
     if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in rules):
         rules.append(replicate)
@@ -908,18 +914,22 @@ def select_calls(
     return selected
 
 
-def registry_coverage(ops: Iterable[OpOverload]) -> dict[str, tuple[int, int | None]]:
-    """Per registry: how many of ``ops`` it answers for, and how many it registers.
+def registry_coverage(ops: Iterable[OpOverload]) -> dict[str, tuple[int, int]]:
+    """Per registry: how many of ``ops`` it answers for, and how many it holds.
 
-    Any op with a decomposition reaches the decomposition registry, so it has
-    no registered count (``None``).
+    The decomposition registry holds the ops with an explicit decomposition
+    that no other registry answers; ops with a CompositeImplicitAutograd kernel
+    reach it too, uncounted.
     """
+    from torch._decomp import decomposition_table
+
     propagator = _sharding_propagator()
     single_dim = set(propagator.op_single_dim_strategy_funcs)
+    op_strategy = set(propagator.op_strategy_funcs) - single_dim
     registered = {
         "single_dim": len(single_dim),
-        "op_strategy": len(set(propagator.op_strategy_funcs) - single_dim),
-        "decomposition": None,
+        "op_strategy": len(op_strategy),
+        "decomposition": len(set(decomposition_table) - single_dim - op_strategy),
     }
     reached = dict.fromkeys(REGISTRIES, 0)
     for op in ops:
