@@ -246,12 +246,17 @@ def guard_capture_worker(out_path: str) -> None:
 
 
 def stock_python() -> str | None:
-    """The stock torch interpreter: ``$DTENSOR_STOCK_PYTHON``, else ``.venv-stock``."""
+    """The stock torch interpreter: ``$DTENSOR_STOCK_PYTHON``, else the stock venv
+    beside the running one (``.venv`` -> ``.venv-stock``, ``.venv-2.14.1`` ->
+    ``.venv-2.14.1-stock``), else ``.venv-stock``."""
     env = os.environ.get(STOCK_PYTHON_ENV)
     if env:
         return env
-    candidate = os.path.join(REPO_ROOT, ".venv-stock", "bin", "python")
-    return candidate if os.path.exists(candidate) else None
+    for venv in (sys.prefix + "-stock", os.path.join(REPO_ROOT, ".venv-stock")):
+        candidate = os.path.join(venv, "bin", "python")
+        if os.path.exists(candidate):
+            return candidate
+    return None
 
 
 def _worker_env(stock: bool) -> dict[str, str]:
