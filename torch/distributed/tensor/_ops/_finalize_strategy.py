@@ -38,7 +38,7 @@ from torch.distributed.tensor._ops.strategy_contract import (
     op_has_tensor_returns,
     OutputMetas,
     tensor_inputs,
-    without_rank_local,
+    without_unplaced,
 )
 from torch.utils import _pytree as pytree
 
@@ -573,7 +573,7 @@ class _Finalizer:
         finalized: list[OpSpec] = []
         input_metas = [inp.strategies[0].output_spec.tensor_meta for inp in inputs]
         candidates = [len(inp.strategies) for inp in inputs]
-        metas = without_rank_local(self.op, strategy, metas)
+        metas = without_unplaced(self.op_schema, strategy, metas)
         for index, spec in enumerate(strategy.strategies):
             if _is_complete(spec, input_metas, candidates, metas):
                 finalized.append(spec)
