@@ -780,14 +780,17 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         self.assertIn("(child 1)", str(err))
 
     def test_bad_strategy_surfaces_at_runtime(self) -> None:
-        """DTensor's own dispatch hits the same error, naming the op."""
-        op = torch.ops.strategy_contract_ops_test.one_out.default
+        """DTensor's own dispatch hits the same error, naming the op, for a spec
+        stock DTensor cannot run with either (three outputs for two results; the
+        ones it can run with are used as given: test_strategy_contract_output_mask)."""
+        op = torch.ops.strategy_contract_ops_test.two_out.default
 
-        def none_output_at_runtime(op_schema: OpSchema) -> OpStrategy:
-            inp = op_schema.args_schema[0]
-            return OpStrategy([OpSpec(None, input_specs=[inp.strategies[0].output_spec])])
+        def three_outputs_at_runtime(op_schema: OpSchema) -> OpStrategy:
+            spec = op_schema.args_schema[0].strategies[0].output_spec
+            out = DTensorSpec(spec.mesh, spec.placements)
+            return OpStrategy([OpSpec((out, out, out), input_specs=[spec])])
 
-        self.register_temporarily(op, none_output_at_runtime)
+        self.register_temporarily(op, three_outputs_at_runtime)
         mesh = self.mesh((4,))
         x = DTensor.from_local(torch.randn(3, 5), mesh, [Replicate()], run_check=False)
         with self.assertRaises(RuntimeError) as ctx:
@@ -796,7 +799,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         while cause is not None and not isinstance(cause, StrategyContractError):
             cause = cause.__cause__ or cause.__context__
         self.assertIsInstance(cause, StrategyContractError, str(ctx.exception))
-        self.assertIn("'none_output_at_runtime'", str(ctx.exception))
+        self.assertIn("'three_outputs_at_runtime'", str(ctx.exception))
 
 
 instantiate_parametrized_tests(TestStrategyContractOps)

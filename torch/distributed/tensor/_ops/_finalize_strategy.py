@@ -10,7 +10,9 @@ the way out of the registry, so that every consumer (DTensor's own dispatch and
 planners alike) reads specs satisfying the contract in
 :mod:`torch.distributed.tensor._ops.strategy_contract`. What cannot be derived
 (a ``None`` where the op returns a tensor, a wrong number of outputs or inputs,
-a mesh mismatch) is a bug in the strategy and raises :class:`StrategyContractError`.
+a mesh mismatch) is a bug in the strategy and raises :class:`StrategyContractError`,
+except in DTensor's eager dispatch (:func:`eager_dispatch`) where stock DTensor runs
+with such a spec: there it is used as given (see :meth:`_Finalizer.reject`).
 """
 
 import contextlib
@@ -38,7 +40,7 @@ from torch.distributed.tensor._ops.strategy_contract import (
     op_has_tensor_returns,
     OutputMetas,
     tensor_inputs,
-    without_rank_local,
+    without_unplaced,
 )
 from torch.utils import _pytree as pytree
 
@@ -49,6 +51,7 @@ __all__ = [
     "answering",
     "clear_meta_cache",
     "complete_for_caller",
+    "eager_dispatch",
     "finalize_strategy",
     "meta_cache_size",
     "metas_for_builder",
@@ -73,6 +76,27 @@ class StrategyContractError(RuntimeError):
             f"{op}: strategy {source!r} returned an OpSpec (index {index}) that "
             f"cannot be reconciled with the op at {position}: {problem}"
         )
+
+
+# Set while DTensor's eager dispatch computes a strategy (not for planner or direct
+# registry queries): see ``_Finalizer.reject``.
+_eager_dispatch: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "_eager_dispatch", default=False
+)
+
+
+@contextlib.contextmanager
+def eager_dispatch() -> Iterator[None]:
+    """Mark the strategies computed inside the block as DTensor's eager dispatch's."""
+    token = _eager_dispatch.set(True)
+    try:
+        yield
+    finally:
+        _eager_dispatch.reset(token)
+
+
+# (op, strategy, kind of problem) already logged as used as given by eager dispatch.
+_used_as_given: set[tuple[str, str, str]] = set()
 
 
 # Shape inference outside DTensor's runtime path (direct registry calls, planner
@@ -366,7 +390,7 @@ def _out_tensor_positions(op_schema: OpSchema) -> list[int]:
 
 
 def _insert_out_specs(
-    input_specs: Sequence[DTensorSpec], out_positions: list[int], output_specs: object
+    input_specs: Sequence[DTensorSpec | None], out_positions: list[int], output_specs: object
 ) -> list[DTensorSpec | None]:
     # One spec for a multi-output op holds for each output, so for each out= tensor.
     outs = (
@@ -444,9 +468,33 @@ class _Finalizer:
         self.op_schema = op_schema
         self.op = op_schema.op
         self.source = source
+        self.lenient = _eager_dispatch.get() and not strict_enabled()
 
     def error(self, index: int, position: str, problem: str) -> StrategyContractError:
         return StrategyContractError(self.op, self.source, index, position, problem)
+
+    def reject(self, index: int, position: str, problem: str, kind: str) -> None:
+        """Raise for a spec the contract cannot hold, unless stock DTensor's eager
+        dispatch runs with it (``kind`` says how) and this is that dispatch.
+
+        Eager dispatch must never fail where stock's answer was usable: a ``None``
+        for a tensor result (DTensor hands back the kernel's ``None`` or 0-d
+        tensor, and fails as stock does on any other tensor), input specs beyond
+        the op's tensor inputs (stock ignores them), a keyword tensor left out
+        (stock never moves it) and an output on another mesh (stock hands back a
+        DTensor on that mesh). Each is logged once per op, strategy and kind; planners,
+        direct registry calls and strict mode still get the error.
+        """
+        if not self.lenient:
+            raise self.error(index, position, problem)
+        key = (str(self.op), self.source, kind)
+        if key not in _used_as_given:
+            _used_as_given.add(key)
+            logger.debug(
+                "%s: eager dispatch uses strategy %r as given (%s); a planner query "
+                "raises: OpSpec %d at %s: %s",
+                self.op, self.source, kind, index, position, problem,
+            )
 
     def outputs(
         self, index: int, out: object, metas: OutputMetas
@@ -458,9 +506,11 @@ class _Finalizer:
             if isinstance(out, (tuple, list)) and len(out) == 1:
                 out = out[0]
             if not isinstance(out, DTensorSpec):
-                raise self.error(
-                    index, "output", f"the op returns a tensor but the spec is {out!r}"
-                )
+                problem = f"the op returns a tensor but the spec is {out!r}"
+                if out is not None:
+                    raise self.error(index, "output", problem)
+                self.reject(index, "output", problem, "None for a tensor result")
+                return None
             return _output_with_meta(out, metas)
         if isinstance(out, DTensorSpec):
             # One spec for a multi-output op: every tensor output takes its placements.
@@ -482,9 +532,11 @@ class _Finalizer:
                     "a list result needs a TupleStrategy with one child per element",
                 )
             elif not isinstance(spec, DTensorSpec):
-                raise self.error(
-                    index, f"output {pos}", f"the result is a tensor but the spec is {spec!r}"
-                )
+                problem = f"the result is a tensor but the spec is {spec!r}"
+                if spec is not None:
+                    raise self.error(index, f"output {pos}", problem)
+                self.reject(index, f"output {pos}", problem, "None for a tensor result")
+                finalized.append(None)
             else:
                 finalized.append(_output_with_meta(spec, meta))
         return tuple(finalized)
@@ -513,25 +565,35 @@ class _Finalizer:
                 for inp in inputs
             ]
         out_positions = _out_tensor_positions(self.op_schema)
-        if out_positions and len(input_specs) == len(inputs) - len(out_positions):
+        given: list[DTensorSpec | None] = list(input_specs)
+        if out_positions and len(given) == len(inputs) - len(out_positions):
             # ``out=`` tensors are written with the output's placements.
-            input_specs = cast(
-                list[DTensorSpec],
-                _insert_out_specs(input_specs, out_positions, spec.output_specs),
-            )
-        if len(input_specs) != len(inputs):
-            raise self.error(
-                index,
-                "input_specs",
-                f"the op has {len(inputs)} tensor inputs but the spec lists {len(input_specs)}",
-            )
+            given = _insert_out_specs(given, out_positions, spec.output_specs)
+        if len(given) != len(inputs):
+            problem = f"the op has {len(inputs)} tensor inputs but the spec lists {len(given)}"
+            if len(given) < self.n_positional_inputs():
+                raise self.error(index, "input_specs", problem)
+            self.reject(index, "input_specs", problem, "input specs not one per tensor input")
+            given = given[: len(inputs)] + [None] * (len(inputs) - len(given))
         finalized: list[DTensorSpec] = []
-        for pos, (s, inp) in enumerate(zip(input_specs, inputs)):
+        for pos, (s, inp) in enumerate(zip(given, inputs)):
             if not isinstance(s, DTensorSpec):
-                raise self.error(index, f"input {pos}", f"expected a DTensorSpec, got {s!r}")
+                problem = f"expected a DTensorSpec, got {s!r}"
+                if pos < self.n_positional_inputs():
+                    raise self.error(index, f"input {pos}", problem)
+                self.reject(index, f"input {pos}", problem, "no spec for a keyword tensor")
+                # stock's dispatch leaves a keyword tensor where it is
+                s = inp.strategies[0].output_spec
             meta = inp.strategies[0].output_spec.tensor_meta
             finalized.append(s if meta is None else _with_meta(s, meta))
         return finalized
+
+    def n_positional_inputs(self) -> int:
+        """The positional tensor inputs: the ones stock's dispatch reads a spec for."""
+        return sum(
+            isinstance(leaf, OpStrategy)
+            for leaf in pytree.tree_leaves(self.op_schema.args_schema)
+        )
 
     def costs(
         self,
@@ -561,10 +623,11 @@ class _Finalizer:
         outs = output_specs if isinstance(output_specs, tuple) else (output_specs,)
         for pos, out in enumerate(outs):
             if isinstance(out, DTensorSpec) and out.mesh != mesh:
-                raise self.error(
+                self.reject(
                     index,
                     f"output {pos}",
                     f"the output is on mesh {out.mesh} but input 0 is on {mesh}",
+                    "output on another mesh",
                 )
 
     def op_strategy(
@@ -573,7 +636,7 @@ class _Finalizer:
         finalized: list[OpSpec] = []
         input_metas = [inp.strategies[0].output_spec.tensor_meta for inp in inputs]
         candidates = [len(inp.strategies) for inp in inputs]
-        metas = without_rank_local(self.op, strategy, metas)
+        metas = without_unplaced(self.op_schema, strategy, metas)
         for index, spec in enumerate(strategy.strategies):
             if _is_complete(spec, input_metas, candidates, metas):
                 finalized.append(spec)

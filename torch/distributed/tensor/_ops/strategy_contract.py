@@ -14,13 +14,24 @@ C1  Every output position whose result is a tensor holds a ``DTensorSpec`` whose
     ``torch.compile``; metas agree when their data-dependent sizes sit in the same
     places and combine the same way (each inference names them afresh).
 C2  Every output position whose result is ``None`` (an ``output_mask`` entry set to
-    False, an optional return, a non-tensor return) holds ``None``. An op returning
-    one tensor has a ``DTensorSpec``; an op with several returns a tuple with one
-    entry per return; a ``List[Tensor]`` return a tuple with one entry per element;
-    an op with no tensor return has ``output_specs=None``. The one exception: a
-    rank-local result (the RNG state and unused buffers the attention ops return,
-    named in :data:`RANK_LOCAL_RETURNS`) that every ``OpSpec`` of the strategy leaves
-    ``None`` stays a plain per-rank tensor, and ``None`` there satisfies C2.
+    False that shape inference honours, an optional return, a non-tensor return)
+    holds ``None``. An op returning one tensor has a ``DTensorSpec``; an op with
+    several returns a tuple with one entry per return; a ``List[Tensor]`` return a
+    tuple with one entry per element; an op with no tensor return has
+    ``output_specs=None``. Two kinds of tensor result may instead be ``None`` in
+    every ``OpSpec`` of a strategy, which then satisfies C2 there:
+
+    * a rank-local result (the RNG state and unused buffers the attention ops
+      return, named in :data:`RANK_LOCAL_RETURNS`): it stays a plain per-rank tensor;
+    * a masked-off result (see :func:`masked_off_returns`): its entry in the op's
+      ``bool[]`` mask argument is False, yet shape inference computes it. Kernels
+      differ there, and shape inference cannot tell them apart: the batch-norm
+      kernels return ``None`` for ``grad_input`` while the
+      ``native_batch_norm_backward`` decomposition computes it; the grid samplers
+      compute ``grad_grid`` whatever the mask (kernels and metas), and so does the
+      efficient-attention backward's meta for the query, key and value gradients.
+      ``None`` says the result is left out; a ``DTensorSpec`` (held to C1) places
+      it, and DTensor hands back ``None`` if the kernel leaves it out after all.
 C3  ``input_specs`` is present, with one ``DTensorSpec`` per tensor input in
     flattened argument order (args, then kwargs), each carrying that input's
     ``tensor_meta``.
@@ -36,6 +47,7 @@ on DTensor's public data structures, so they can judge any strategy, whichever
 version of the machinery produced it.
 """
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -65,9 +77,10 @@ __all__ = [
     "element_schema",
     "format_violations",
     "infer_output_metas",
+    "masked_off_returns",
     "op_has_tensor_returns",
     "tensor_inputs",
-    "without_rank_local",
+    "without_unplaced",
 ]
 
 CLAUSES = ("C1", "C2", "C3", "C4", "C5")
@@ -203,31 +216,69 @@ RANK_LOCAL_RETURNS = frozenset(
 )
 
 
-def without_rank_local(
-    op: OpOverload, strategy: OpStrategy, output_metas: OutputMetas
-) -> OutputMetas:
-    """``output_metas`` with ``None`` at the rank-local results of ``strategy``.
+@functools.cache
+def _mask_argument(op: OpOverload) -> tuple[int, str] | None:
+    """(position, name) of ``op``'s ``bool[]`` argument masking its results, if any."""
+    returns = op._schema.returns
+    if len(returns) < 2 or not all(str(ret.type) == "Tensor" for ret in returns):
+        return None
+    for position, arg in enumerate(op._schema.arguments):
+        if str(arg.type) == "List[bool]" and arg.name.endswith("mask"):
+            return position, arg.name
+    return None
 
-    A result named in :data:`RANK_LOCAL_RETURNS` that no ``OpSpec`` of the strategy
-    gives a spec is not distributed: DTensor hands it back as each rank's plain tensor.
+
+def masked_off_returns(op_schema: OpSchema) -> frozenset[int]:
+    """The return positions ``op_schema``'s call masks off.
+
+    An op with several tensor returns and a ``bool[]`` argument named ``*mask``
+    (``output_mask``, ``grad_input_mask``) with one entry per return asks, with a
+    False entry, not to compute that return. Whether the result then is ``None``
+    is the kernel's call (see C2); where shape inference gives ``None`` it is
+    ``None`` (CPU convolution on its mkldnn path still computes ``grad_weight``
+    along with a requested ``grad_bias``; DTensor fails on that result, as it
+    always has).
+    """
+    found = _mask_argument(op_schema.op)
+    if found is None:
+        return frozenset()
+    position, name = found
+    if position < len(op_schema.args_schema):
+        mask = op_schema.args_schema[position]
+    else:
+        mask = op_schema.kwargs_schema.get(name)
+    if not isinstance(mask, (list, tuple)) or len(mask) != len(op_schema.op._schema.returns):
+        return frozenset()
+    return frozenset(pos for pos, wanted in enumerate(mask) if not wanted)
+
+
+def without_unplaced(
+    op_schema: OpSchema, strategy: OpStrategy, output_metas: OutputMetas
+) -> OutputMetas:
+    """``output_metas`` with ``None`` at the results ``strategy`` leaves unplaced.
+
+    A rank-local result (named in :data:`RANK_LOCAL_RETURNS`) or a masked-off one
+    (:func:`masked_off_returns`) that no ``OpSpec`` of the strategy gives a spec is
+    not distributed: DTensor hands back each rank's plain tensor, or ``None``.
     """
     if output_metas is None or isinstance(output_metas, TensorMeta) or not strategy.strategies:
         return output_metas
     outs = [spec.output_specs for spec in strategy.strategies]
-    returns = op._schema.returns
+    returns = op_schema.op._schema.returns
     if len(returns) != len(output_metas) or not all(
         isinstance(o, tuple) and len(o) == len(output_metas) for o in outs
     ):
         return output_metas
-    local = [
+    masked = masked_off_returns(op_schema)
+    unplaced = [
         isinstance(m, TensorMeta)
-        and returns[pos].name in RANK_LOCAL_RETURNS
+        and (returns[pos].name in RANK_LOCAL_RETURNS or pos in masked)
         and all(o[pos] is None for o in outs)  # type: ignore[index]
         for pos, m in enumerate(output_metas)
     ]
-    if not any(local):
+    if not any(unplaced):
         return output_metas
-    return tuple(None if is_local else m for m, is_local in zip(output_metas, local))
+    return tuple(None if is_unplaced else m for m, is_unplaced in zip(output_metas, unplaced))
 
 
 def _spec_to_fake(spec: object, device: str) -> object:
@@ -447,12 +498,13 @@ class _Checker:
 
     def check_op_strategy(
         self,
+        op_schema: OpSchema,
         strategy: OpStrategy,
-        inputs: list[OpStrategy],
         metas: OutputMetas,
         child: int | None = None,
     ) -> None:
-        metas = without_rank_local(self.op, strategy, metas)
+        inputs = tensor_inputs(op_schema)
+        metas = without_unplaced(op_schema, strategy, metas)
         for index, spec in enumerate(strategy.strategies):
             self.check_outputs(index, spec, metas, child)
             self.check_inputs(index, spec, inputs, child)
@@ -477,7 +529,7 @@ def check_strategy_contract(
     """
     checker = _Checker(op_schema.op, filled_only)
     if isinstance(strategy, OpStrategy):
-        checker.check_op_strategy(strategy, tensor_inputs(op_schema), output_metas)
+        checker.check_op_strategy(op_schema, strategy, output_metas)
     elif isinstance(strategy, TupleStrategy):
         for i, child in enumerate(strategy.children):
             if not isinstance(child, OpStrategy):
@@ -485,10 +537,9 @@ def check_strategy_contract(
                     "C2", -1, "strategy", "an OpStrategy per element", type(child).__name__, i
                 )
                 continue
-            element = element_schema(op_schema, i)
             checker.check_op_strategy(
+                element_schema(op_schema, i),
                 child,
-                tensor_inputs(element),
                 element_output_metas(op_schema.op, output_metas, i),
                 child=i,
             )
