@@ -674,7 +674,7 @@ def run_step(python: Path, overlay: Path, work: Path, step: Step, timeout: float
         "DTENSOR_STOCK_PYTHON": str(python),
     }
     if step.tests:
-        cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(work), *step.tests]
+        cmd = [str(python), "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", str(work), *step.tests]
     else:
         cmd = [str(python), "-c", "import conftest; print('import check passed')"]
     started = time.monotonic()
