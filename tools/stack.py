@@ -646,6 +646,7 @@ class StepRun:
     seconds: float
     tests: list[str]
     output_tail: str
+    skipped: list[str] = dataclasses.field(default_factory=list)  # pytest's "SKIPPED [n] where: reason" lines
 
 
 def run_step(python: Path, overlay: Path, work: Path, step: Step, timeout: float, tests: bool = True) -> StepRun:
@@ -693,7 +694,8 @@ def run_step(python: Path, overlay: Path, work: Path, step: Step, timeout: float
     else:
         summary = "import check passed" if code == 0 else "import check failed"
     tail = "\n".join(output.strip().splitlines()[-40:])
-    return StepRun(step.slug, code == 0, summary, seconds, list(step.tests), tail)
+    skipped = [line.strip() for line in output.splitlines() if line.startswith("SKIPPED ")]
+    return StepRun(step.slug, code == 0, summary, seconds, list(step.tests), tail, skipped)
 
 
 def check_stack(
@@ -748,6 +750,8 @@ def check_stack(
                 f"({run.seconds} s)")
             if not run.ok:
                 log("    " + run.output_tail.replace("\n", "\n    "))
+            for line in run.skipped:
+                log(f"    {line}")
         final = dict(stack.steps[-1].after)
         if final != dict(stack.results):
             raise BuildError("the stack's last step differs from dist's combined patch")
