@@ -17,6 +17,7 @@ import base64
 import io
 import os
 import subprocess
+import shutil
 import sys
 import textwrap
 import zipfile
@@ -284,6 +285,30 @@ class CheckStackTest(StackTestCase):
         self.assertFalse((overlay / "torch/distributed/tensor").is_symlink())
         self.assertFalse((overlay / PROP).is_symlink())
         self.assertTrue((overlay / "torch/distributed/__init__.py").is_symlink())
+
+
+class OverlayVenvTest(StackTestCase):
+    def test_overlay_venv_imports_its_copies_and_verifies_against_record(self) -> None:
+        """A built venv of another release: DTensor from its real copies, the rest
+        of torch linked to the stock venv, RECORD readable, the stock tree untouched."""
+        stock_venv = self.tmp / "stock-venv"
+        stock_site = bt.venv_site_packages(stock_venv)
+        stock_site.parent.mkdir(parents=True)
+        shutil.copytree(self.stock, stock_site, symlinks=True)
+        (stock_site / "torch/testing/_internal/__init__.py").write_text("")
+        built = self.tmp / "built-venv"
+        site = stack.overlay_venv(stock_venv, built)
+        self.assertTrue((site / "torch/__init__.py").is_symlink())
+        self.assertFalse((site / PROP).is_symlink())
+        self.assertEqual(bt.load_record(site).version, bt.TORCH_VERSION)
+        (site / PROP).write_text("# edited in the overlay\n")
+        self.assertEqual((stock_site / PROP).read_text(), tb.UPSTREAM[PROP])
+        proc = subprocess.run(
+            [str(built / "bin" / "python"), "-c", "import torch.distributed.tensor as t; print(t.__file__)"],
+            capture_output=True, text=True, cwd=self.tmp, env={**os.environ, "PYTHONPATH": ""},
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertTrue(proc.stdout.strip().startswith(str(site)), proc.stdout)
 
 
 def fake_wheel(path: Path, files: dict[str, str], corrupt: str | None = None) -> Path:
