@@ -19,7 +19,7 @@ import contextlib
 import contextvars
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast, TypeVar
 
 from torch._ops import OpOverload
@@ -49,9 +49,11 @@ __all__ = [
     "FinalizedStrategyFunc",
     "StrategyContractError",
     "answering",
+    "DefaultFillingRule",
     "clear_meta_cache",
     "complete_for_caller",
     "eager_dispatch",
+    "fill_omitted_args",
     "finalize_strategy",
     "meta_cache_size",
     "metas_for_builder",
@@ -273,32 +275,70 @@ def _positional_defaults(op: OpOverload) -> tuple[tuple[str, bool, object], ...]
     )
 
 
+def fill_omitted_args(
+    op: OpOverload, args: Sequence[object], kwargs: Mapping[str, object]
+) -> tuple[tuple[object, ...], dict[str, object]] | None:
+    """``(args, kwargs)`` of a call of ``op`` with every positional argument in place.
+
+    A positional argument passed by keyword moves to its position, one left out
+    takes its default. ``None`` when nothing needs filling, or when the call
+    lacks a required argument (for the op itself to reject).
+    """
+    positional = _positional_defaults(op)
+    if len(args) >= len(positional):
+        return None
+    rest = dict(kwargs)
+    filled = list(args)
+    for name, has_default, default in positional[len(args):]:
+        if name in rest:
+            filled.append(rest.pop(name))
+        elif has_default:
+            filled.append(default)
+        else:
+            return None
+    return tuple(filled), rest
+
+
 def with_default_args(op_schema: OpSchema) -> OpSchema:
     """``op_schema`` with every positional argument the call left out filled in.
 
     A call may omit trailing optional arguments, and DTensor's dispatch sees them
     omitted whenever they hold their default. Strategies read arguments by
-    position, so each registry hands its strategies the full argument list: a
-    positional argument passed by keyword moves to its position, one left out
-    takes its default. A call missing a required argument is returned unchanged
-    for the op itself to reject.
+    position, so each registry hands its strategies the full argument list (see
+    :func:`fill_omitted_args`). A call missing a required argument is returned
+    unchanged for the op itself to reject.
     """
-    positional = _positional_defaults(op_schema.op)
-    n_given = len(op_schema.args_schema)
-    if n_given >= len(positional):
+    filled = fill_omitted_args(op_schema.op, op_schema.args_schema, op_schema.kwargs_schema)
+    if filled is None:
         return op_schema
-    kwargs = dict(op_schema.kwargs_schema)
-    filled = list(op_schema.args_schema)
-    for name, has_default, default in positional[n_given:]:
-        if name in kwargs:
-            filled.append(kwargs.pop(name))
-        elif has_default:
-            filled.append(default)
-        else:
-            return op_schema
-    return OpSchema(
-        op_schema.op, tuple(filled), kwargs, schema_info=op_schema.schema_info
-    )
+    return OpSchema(op_schema.op, filled[0], filled[1], schema_info=op_schema.schema_info)
+
+
+class DefaultFillingRule:
+    """A single-dim rule that sees every positional argument, whoever calls it.
+
+    DTensor's own entry points fill in omitted optional arguments before a rule
+    runs, but the function in ``op_single_dim_strategy_funcs`` is also called
+    directly (planners re-expanding the rules, upstream's ``strategy_validation``)
+    with the arguments a graph node has, which may be the required ones only. A
+    rule reading an optional argument by position would then raise
+    ``IndexError``; wrapped in this it gets the defaults instead.
+    """
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.func = func
+        functools.update_wrapper(self, func)
+
+    def __call__(
+        self, op: OpOverload, args_schema: Sequence[object], kwargs_schema: Mapping[str, object]
+    ) -> Any:
+        filled = fill_omitted_args(op, args_schema, kwargs_schema)
+        if filled is not None:
+            args_schema, kwargs_schema = filled
+        return self.func(op, args_schema, kwargs_schema)
+
+    def __repr__(self) -> str:
+        return f"DefaultFillingRule({self.func!r})"
 
 
 _UNKNOWN: Any = object()

@@ -15,7 +15,7 @@ import math
 import random
 import unittest
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import cast, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 __all__ = [
     "MESH_SHAPES",
+    "attention_calls",
     "OP_MESHES",
     "QUERY_MODES",
     "StrategyContractTestBase",
@@ -345,3 +346,71 @@ class StrategyOpsTestBase(StrategyContractTestBase):
                                     cells[pos].append(text)
             rows.append(f"{label}: " + " | ".join(" / ".join(c) for c in cells))
         return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------------------
+# Attention kernels, which OpInfo samples on CPU never reach
+# --------------------------------------------------------------------------------------
+
+
+Call = tuple[torch._ops.OpOverload, tuple[object, ...], dict[str, object]]
+
+
+def attention_calls(
+    batch: int = 4, heads: int = 4, seq: int = 8, head_dim: int = 16
+) -> dict[torch._ops.OpOverload, Call]:
+    """One call of each fused attention kernel and of its backward, tensors as metas.
+
+    ``scaled_dot_product_attention`` on CPU only reaches the CPU flash kernel, so
+    no OpInfo sample calls the CUDA kernels DTensor has strategies for. Their
+    meta kernels run on fake CPU tensors: the forward calls run there, and each
+    backward call gets the forward's real results (the padded ``logsumexp``, the
+    RNG state), as autograd would pass them. Only the ops this torch has appear.
+    """
+    from torch._subclasses import FakeTensorMode
+
+    aten = torch.ops.aten
+    calls: dict[torch._ops.OpOverload, Call] = {}
+
+    def metas(x: object) -> object:
+        if isinstance(x, torch.Tensor):
+            return meta_of(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(metas(e) for e in x)
+        return x
+
+    def add(op: torch._ops.OpOverload, *args: object) -> tuple[object, ...]:
+        calls[op] = (op, cast(tuple[object, ...], metas(args)), {})
+        return cast(tuple[object, ...], op(*args))
+
+    with FakeTensorMode():
+        q, k, v, grad = (torch.randn(batch, heads, seq, head_dim) for _ in range(4))
+        bias = torch.randn(batch, heads, seq, seq)
+        out, lse, seed, offset = add(
+            aten._scaled_dot_product_efficient_attention.default, q, k, v, bias, True
+        )
+        add(
+            aten._scaled_dot_product_efficient_attention_backward.default,
+            grad, q, k, v, bias, out, lse, seed, offset, 0.0, [True, True, True, True],
+        )
+        out, lse, cum_q, cum_k, max_q, max_k, rng, unused, _ = add(
+            aten._scaled_dot_product_flash_attention.default, q, k, v
+        )
+        add(
+            aten._scaled_dot_product_flash_attention_backward.default,
+            grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, False, rng, unused,
+        )
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = add(
+            aten._scaled_dot_product_cudnn_attention.default, q, k, v, None, True
+        )
+        add(
+            aten._scaled_dot_product_cudnn_attention_backward.default,
+            grad, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k,
+            0.0, False,
+        )
+        out, lse = add(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v)
+        add(
+            aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+            grad, q, k, v, out, lse, 0.0, False,
+        )
+    return calls
