@@ -181,27 +181,6 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
             """flash: f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1)""",  # noqa: B950
         )
 
-    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
-    def test_attention_rank_local_outputs(self, shape: tuple[int, ...]) -> None:
-        """The attention ops return their RNG state (and unused buffers) as tensors
-        no rule gives a placement: they stay None in every spec, as DTensor hands
-        them back as plain per-rank tensors, and the other outputs carry metas."""
-        q = torch.randn(2, 4, 8, 16)
-        cases = [
-            (aten._scaled_dot_product_efficient_attention.default,
-             (q, q, q, None, False), (2, 3)),
-            (aten._scaled_dot_product_flash_attention.default, (q, q, q), (2, 3, 7)),
-        ]
-        for op, args, local in cases:
-            for mode in QUERY_MODES:
-                with self.subTest(op=str(op), mode=mode):
-                    _, strategy = self.query(shape, mode, op, args)
-                    for i, spec in enumerate(self.specs_of(strategy)):
-                        outs = output_tuple(spec)
-                        for pos in local:
-                            self.assertIsNone(outs[pos], f"OpSpec {i} output {pos}")
-                        self.assertIsInstance(outs[0], DTensorSpec, f"OpSpec {i}")
-
     def test_flash_attention_for_cpu(self) -> None:
         t = self.sdpa_tensors()
         op = aten._scaled_dot_product_flash_attention_for_cpu.default

@@ -39,9 +39,12 @@ from torch.distributed.tensor._ops.strategy_contract import (
     infer_output_metas,
     op_has_tensor_returns,
     OutputMetas,
+    replicated_returns,
     tensor_inputs,
     without_unplaced,
 )
+from torch.distributed.tensor.device_mesh import DeviceMesh
+from torch.distributed.tensor.placement_types import Replicate
 from torch.utils import _pytree as pytree
 
 
@@ -59,6 +62,8 @@ __all__ = [
     "metas_for_builder",
     "output_metas_by_position",
     "output_metas_for",
+    "placed_replicated_return",
+    "replicated_spec",
     "resolve_output_metas",
     "specs_per_candidate",
     "strategy_name",
@@ -341,6 +346,27 @@ class DefaultFillingRule:
         return f"DefaultFillingRule({self.func!r})"
 
 
+def replicated_spec(mesh: DeviceMesh, meta: TensorMeta) -> DTensorSpec:
+    """The spec of a result no rule shards (``REPLICATED_RETURNS``)."""
+    return DTensorSpec(mesh, (Replicate(),) * mesh.ndim, tensor_meta=meta)
+
+
+def placed_replicated_return(
+    op: OpOverload, position: int, meta: object, mesh: DeviceMesh
+) -> DTensorSpec | None:
+    """The spec a spec builder gives result ``position`` of ``op`` that a rule left
+    ``None``: ``Replicate`` with its meta for a result of ``REPLICATED_RETURNS``,
+    except in DTensor's eager dispatch, which hands it back as stock does (each
+    rank's plain tensor); ``None`` otherwise."""
+    if (
+        isinstance(meta, TensorMeta)
+        and position in replicated_returns(op)
+        and not _eager_dispatch.get()
+    ):
+        return replicated_spec(mesh, meta)
+    return None
+
+
 _UNKNOWN: Any = object()
 
 
@@ -571,6 +597,12 @@ class _Finalizer:
                     f"output {pos}",
                     "a list result needs a TupleStrategy with one child per element",
                 )
+            elif spec is None and pos in replicated_returns(self.op):
+                # a result no rule shards: each rank holds all of it (eager
+                # dispatch hands it back as each rank's plain tensor, as stock)
+                finalized.append(
+                    None if _eager_dispatch.get() else replicated_spec(self.mesh(), meta)
+                )
             elif not isinstance(spec, DTensorSpec):
                 problem = f"the result is a tensor but the spec is {spec!r}"
                 if spec is not None:
@@ -628,6 +660,13 @@ class _Finalizer:
             finalized.append(s if meta is None else _with_meta(s, meta))
         return finalized
 
+    def mesh(self) -> DeviceMesh:
+        """The mesh the op runs on: its first tensor input's."""
+        inputs = tensor_inputs(self.op_schema)
+        if not inputs:
+            raise self.error(-1, "output", "no tensor input to take the mesh from")
+        return inputs[0].mesh
+
     def n_positional_inputs(self) -> int:
         """The positional tensor inputs: the ones stock's dispatch reads a spec for."""
         return sum(
@@ -676,7 +715,7 @@ class _Finalizer:
         finalized: list[OpSpec] = []
         input_metas = [inp.strategies[0].output_spec.tensor_meta for inp in inputs]
         candidates = [len(inp.strategies) for inp in inputs]
-        metas = without_unplaced(self.op_schema, strategy, metas)
+        metas = without_unplaced(self.op_schema, strategy, metas, _eager_dispatch.get())
         for index, spec in enumerate(strategy.strategies):
             if _is_complete(spec, input_metas, candidates, metas):
                 finalized.append(spec)
@@ -717,7 +756,9 @@ def finalize_strategy(
     """
     if strict_enabled():
         finalized = _finalize(op_schema, strategy, output_metas, source)
-        check_strict(op_schema, strategy, finalized, output_metas, source)
+        check_strict(
+            op_schema, strategy, finalized, output_metas, source, _eager_dispatch.get()
+        )
         return finalized
     return _finalize(op_schema, strategy, output_metas, source)
 

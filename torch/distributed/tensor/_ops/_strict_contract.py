@@ -101,12 +101,16 @@ def check_strict(
     finalized: StrategyType,
     output_metas: OutputMetas,
     source: str,
+    eager_dispatch: bool = False,
 ) -> None:
     """Raise :class:`StrictContractError` for the first violation by ``given`` (what
     the strategy function returned, judged only on the fields it filled in) or by
-    ``finalized`` (what the registry hands out)."""
+    ``finalized`` (what the registry hands out; ``eager_dispatch``: to DTensor's own
+    dispatch, see C2)."""
     for strategy, filled_only in ((given, True), (finalized, False)):
-        violations = check_strategy_contract(op_schema, strategy, output_metas, filled_only)
+        violations = check_strategy_contract(
+            op_schema, strategy, output_metas, filled_only, eager_dispatch
+        )
         if violations:
             v = violations[0]
             clause = v.clause if v.child_clause is None else f"{v.clause}/{v.child_clause}"

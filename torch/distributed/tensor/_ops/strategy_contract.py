@@ -13,25 +13,28 @@ C1  Every output position whose result is a tensor holds a ``DTensorSpec`` whose
     ``masked_select``, a boolean-mask index) is an unbacked ``SymInt``, as under
     ``torch.compile``; metas agree when their data-dependent sizes sit in the same
     places and combine the same way (each inference names them afresh).
-C2  Every output position whose result is ``None`` (an ``output_mask`` entry set to
-    False that shape inference honours, an optional return, a non-tensor return)
-    holds ``None``. An op returning one tensor has a ``DTensorSpec``; an op with
-    several returns a tuple with one entry per return; a ``List[Tensor]`` return a
-    tuple with one entry per element; an op with no tensor return has
-    ``output_specs=None``. Two kinds of tensor result may instead be ``None`` in
-    every ``OpSpec`` of a strategy, which then satisfies C2 there:
-
-    * a rank-local result (the RNG state and unused buffers the attention ops
-      return, named in :data:`RANK_LOCAL_RETURNS`): it stays a plain per-rank tensor;
-    * a masked-off result (see :func:`masked_off_returns`): its entry in the op's
-      ``bool[]`` mask argument is False, yet shape inference computes it. Kernels
-      differ there, and shape inference cannot tell them apart: the batch-norm
-      kernels return ``None`` for ``grad_input`` while the
-      ``native_batch_norm_backward`` decomposition computes it; the grid samplers
-      compute ``grad_grid`` whatever the mask (kernels and metas), and so does the
-      efficient-attention backward's meta for the query, key and value gradients.
-      ``None`` says the result is left out; a ``DTensorSpec`` (held to C1) places
-      it, and DTensor hands back ``None`` if the kernel leaves it out after all.
+C2  ``None`` means the op returns ``None`` there: every output position whose
+    result is ``None`` (an ``output_mask`` entry set to False that shape inference
+    honours, an optional return, a non-tensor return) holds ``None``, and every
+    tensor result holds a ``DTensorSpec`` (held to C1). An op returning one tensor
+    has a ``DTensorSpec``; an op with several returns a tuple with one entry per
+    return; a ``List[Tensor]`` return a tuple with one entry per element; an op
+    with no tensor return has ``output_specs=None``. Results no rule shards (the
+    RNG state and unused buffers of the attention ops, named in
+    :data:`REPLICATED_RETURNS`) are tensors like any other: a rule may leave them
+    ``None``, and every strategy handed out gives them ``Replicate`` with their
+    meta. (DTensor's eager dispatch alone keeps the rule's ``None`` and hands such
+    a result back as each rank's plain tensor, as stock DTensor does.) One kind of
+    tensor result may instead be ``None`` in every ``OpSpec`` of a strategy, which
+    then satisfies C2 there: a masked-off result (see :func:`masked_off_returns`),
+    whose entry in the op's ``bool[]`` mask argument is False, yet shape inference
+    computes it. Kernels differ there, and shape inference cannot tell them apart:
+    the batch-norm kernels return ``None`` for ``grad_input`` while the
+    ``native_batch_norm_backward`` decomposition computes it; the grid samplers
+    compute ``grad_grid`` whatever the mask (kernels and metas), and so does the
+    efficient-attention backward's meta for the query, key and value gradients.
+    ``None`` says the result is left out; a ``DTensorSpec`` (held to C1) places
+    it, and DTensor hands back ``None`` if the kernel leaves it out after all.
 C3  ``input_specs`` is present, with one ``DTensorSpec`` per tensor input in
     flattened argument order (args, then kwargs), each carrying that input's
     ``tensor_meta``.
@@ -71,7 +74,7 @@ __all__ = [
     "CLAUSES",
     "ContractViolation",
     "OutputMetas",
-    "RANK_LOCAL_RETURNS",
+    "REPLICATED_RETURNS",
     "check_strategy_contract",
     "element_output_metas",
     "element_schema",
@@ -79,6 +82,7 @@ __all__ = [
     "infer_output_metas",
     "masked_off_returns",
     "op_has_tensor_returns",
+    "replicated_returns",
     "tensor_inputs",
     "without_unplaced",
 ]
@@ -209,11 +213,38 @@ def element_output_metas(op: OpOverload, output_metas: OutputMetas, index: int) 
     )
 
 
-# Names of op results that hold per-rank state rather than a distributed tensor:
-# the attention kernels' RNG seed/offset and their unused or nested-only buffers.
-RANK_LOCAL_RETURNS = frozenset(
-    {"philox_seed", "philox_offset", "rng_state", "unused", "cum_seq_q", "cum_seq_k"}
+# Op results no sharding rule places, by return name, each with why it is
+# ``Replicate``: every rank holds the whole (small) tensor, and no placement of the
+# inputs changes it. Rules leave them ``None``; specs handed out replicate them.
+_RNG_STATE = (
+    "the RNG state the kernel drew its dropout mask from; each rank holds all of "
+    "it, and the backward kernel reads it whole"
 )
+_DENSE_UNUSED = (
+    "an offset buffer only nested (jagged) inputs use; for the dense inputs "
+    "DTensor runs, each rank holds the same empty or unused tensor"
+)
+REPLICATED_RETURNS: dict[str, str] = {
+    "philox_seed": _RNG_STATE,
+    "philox_offset": _RNG_STATE,
+    "rng_state": _RNG_STATE,
+    "unused": (
+        "a placeholder the flash kernel returns beside its RNG state (and its "
+        "backward takes as philox_offset); each rank holds the same 0-d tensor"
+    ),
+    "cum_seq_q": _DENSE_UNUSED,
+    "cum_seq_k": _DENSE_UNUSED,
+}
+
+
+@functools.cache
+def replicated_returns(op: OpOverload) -> frozenset[int]:
+    """Positions of ``op``'s tensor returns named in :data:`REPLICATED_RETURNS`."""
+    return frozenset(
+        pos
+        for pos, ret in enumerate(op._schema.returns)
+        if ret.name in REPLICATED_RETURNS and "Tensor" in str(ret.type)
+    )
 
 
 @functools.cache
@@ -253,13 +284,19 @@ def masked_off_returns(op_schema: OpSchema) -> frozenset[int]:
 
 
 def without_unplaced(
-    op_schema: OpSchema, strategy: OpStrategy, output_metas: OutputMetas
+    op_schema: OpSchema,
+    strategy: OpStrategy,
+    output_metas: OutputMetas,
+    eager_dispatch: bool = False,
 ) -> OutputMetas:
-    """``output_metas`` with ``None`` at the results ``strategy`` leaves unplaced.
+    """``output_metas`` with ``None`` at the results ``strategy`` may leave unplaced.
 
-    A rank-local result (named in :data:`RANK_LOCAL_RETURNS`) or a masked-off one
-    (:func:`masked_off_returns`) that no ``OpSpec`` of the strategy gives a spec is
-    not distributed: DTensor hands back each rank's plain tensor, or ``None``.
+    A masked-off result (:func:`masked_off_returns`) that no ``OpSpec`` of the
+    strategy gives a spec is not computed, or DTensor hands back the kernel's
+    ``None``. With ``eager_dispatch`` (DTensor's own dispatch, whose strategy no one
+    else sees) a result named in :data:`REPLICATED_RETURNS` that every ``OpSpec``
+    leaves ``None`` is too: eager hands it back as each rank's plain tensor, as
+    stock DTensor does. Everywhere else such a result holds a spec (C2).
     """
     if output_metas is None or isinstance(output_metas, TensorMeta) or not strategy.strategies:
         return output_metas
@@ -269,10 +306,12 @@ def without_unplaced(
         isinstance(o, tuple) and len(o) == len(output_metas) for o in outs
     ):
         return output_metas
-    masked = masked_off_returns(op_schema)
+    may_be_unplaced = masked_off_returns(op_schema)
+    if eager_dispatch:
+        may_be_unplaced |= replicated_returns(op_schema.op)
     unplaced = [
         isinstance(m, TensorMeta)
-        and (returns[pos].name in RANK_LOCAL_RETURNS or pos in masked)
+        and pos in may_be_unplaced
         and all(o[pos] is None for o in outs)  # type: ignore[index]
         for pos, m in enumerate(output_metas)
     ]
@@ -367,10 +406,13 @@ class _Checker:
     rejects on its own pass (strict mode's check of what a strategy gave).
     """
 
-    def __init__(self, op: OpOverload, filled_only: bool = False) -> None:
+    def __init__(
+        self, op: OpOverload, filled_only: bool = False, eager_dispatch: bool = False
+    ) -> None:
         self.op = op
         self.op_name = str(op)
         self.filled_only = filled_only
+        self.eager_dispatch = eager_dispatch
         self.violations: list[ContractViolation] = []
 
     def add(
@@ -504,7 +546,7 @@ class _Checker:
         child: int | None = None,
     ) -> None:
         inputs = tensor_inputs(op_schema)
-        metas = without_unplaced(op_schema, strategy, metas)
+        metas = without_unplaced(op_schema, strategy, metas, self.eager_dispatch)
         for index, spec in enumerate(strategy.strategies):
             self.check_outputs(index, spec, metas, child)
             self.check_inputs(index, spec, inputs, child)
@@ -515,6 +557,7 @@ def check_strategy_contract(
     strategy: StrategyType,
     output_metas: OutputMetas,
     filled_only: bool = False,
+    eager_dispatch: bool = False,
 ) -> list[ContractViolation]:
     """Return every violation of C1-C5 by ``strategy`` for ``op_schema``.
 
@@ -526,8 +569,10 @@ def check_strategy_contract(
         output_metas: the expected results, as :func:`infer_output_metas` gives them.
         filled_only: judge only the fields the strategy filled in (see ``_Checker``);
             for a strategy function's own result, before a registry completes it.
+        eager_dispatch: the strategy is the one DTensor's eager dispatch runs with,
+            where a result of :data:`REPLICATED_RETURNS` may stay ``None`` (see C2).
     """
-    checker = _Checker(op_schema.op, filled_only)
+    checker = _Checker(op_schema.op, filled_only, eager_dispatch)
     if isinstance(strategy, OpStrategy):
         checker.check_op_strategy(op_schema, strategy, output_metas)
     elif isinstance(strategy, TupleStrategy):
