@@ -945,6 +945,79 @@ class TestRedistributeCostCache(StrategyContractTestBase):
                 self.assertLessEqual(cache.cost_cache_size(), 5)
         cache.clear_cost_cache()
 
+    def test_cost_rows(self) -> None:
+        """A row prices every candidate; equal candidates of another tensor share it;
+        the caller owns the list it gets."""
+        from torch.distributed.tensor._collective_utils import redistribute_cost
+        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
+
+        mesh = self.mesh((2, 2))
+        meta = meta_of(torch.empty(8, 6))
+        candidates = [(R, R), (S0, R), (R, S1), (P, R)]
+        targets = [DTensorSpec(mesh, p, tensor_meta=meta) for p in ((S0, S1), (R, R), (P, P))]
+
+        def sources() -> list[DTensorSpec]:  # new objects each time, as for another tensor
+            return [DTensorSpec(mesh, p, tensor_meta=meta) for p in candidates]
+
+        cache.clear_cost_cache()
+        rows = cache.CostRows(sources())
+        for dst in targets:
+            self.assertEqual(rows.row(dst), [redistribute_cost(s, dst) for s in sources()])
+        filled = cache.cost_cache_size()
+        self.assertEqual(filled, len(targets))
+        again = cache.CostRows(sources())
+        first = again.row(targets[0])
+        self.assertEqual(cache.cost_cache_size(), filled)  # served, not recomputed
+        first[0] = -1.0
+        self.assertNotEqual(again.row(targets[0])[0], -1.0)
+        cache.clear_cost_cache()
+
+    def test_cost_rows_without_metas_are_not_cached(self) -> None:
+        """A source without a meta goes to redistribute_cost as is (which rejects it)."""
+        from torch.distributed.tensor._collective_utils import redistribute_cost
+        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
+
+        mesh = self.mesh((2,))
+        cache.clear_cost_cache()
+        src = DTensorSpec(mesh, (S0,))
+        dst = DTensorSpec(mesh, (R,), tensor_meta=meta_of(torch.empty(4, 4)))
+        with self.assertRaises(AssertionError) as stock:
+            redistribute_cost(src, dst)
+        with self.assertRaisesRegex(AssertionError, str(stock.exception)):
+            cache.CostRows((src,)).row(dst)
+        self.assertEqual(cache.cost_cache_size(), 0)
+
+
+class TestExpansionFilters(StrategyContractTestBase):
+    """What the expansion leaves out is decided per placement, not per combination."""
+
+    def expand(self, rules: list[list[Placement]], shape: tuple[int, ...]) -> set[tuple[Placement, ...]]:
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+        mesh = self.mesh((2, 2))
+        schema = strategy_schema(
+            mesh, aten.neg.default, (torch.empty(shape),), candidates=capped_candidates(4)
+        )
+        strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
+        return {spec.output_spec.placements for spec in strategy.strategies}
+
+    def test_partial_kinds_that_do_not_commute_are_not_combined(self) -> None:
+        p_sum, p_avg, p_max = Partial("sum"), Partial("avg"), Partial("max")
+        rules = [[p_sum, R], [p_avg, R], [p_max, R], [R, R]]
+        outputs = self.expand(rules, (8, 4))
+        self.assertIn((p_sum, p_avg), outputs)  # sum and avg commute
+        self.assertIn((p_max, p_max), outputs)
+        self.assertIn((p_max, R), outputs)
+        self.assertNotIn((p_sum, p_max), outputs)
+        self.assertNotIn((p_max, p_avg), outputs)
+
+    def test_unshardable_inputs_are_left_out(self) -> None:
+        rules = [[S0, S0], [Shard(1), Shard(1)], [R, R]]
+        outputs = self.expand(rules, (8, 1))  # dim 1 cannot be split in two
+        self.assertIn((S0, S0), outputs)
+        self.assertIn((S0, R), outputs)
+        self.assertFalse(any(Shard(1) in p for p in outputs), outputs)
+
 
 # ---------------------------------------------------------------------------
 # Decomposition-derived strategies: what eager dispatch traces
