@@ -988,6 +988,27 @@ class TestRedistributeCostCache(StrategyContractTestBase):
         self.assertEqual(cache.cost_cache_size(), 0)
 
 
+
+class TestShardableCache(StrategyContractTestBase):
+    def test_answers_equal_is_tensor_shardable(self) -> None:
+        from torch.distributed.tensor._ops import _shardable_cache as cache
+        from torch.distributed.tensor._ops.utils import is_tensor_shardable
+
+        mesh = self.mesh((2, 2))
+        cache.clear_shardable_cache()
+        for _ in range(2):  # answered, then served
+            for shape in (torch.Size([8, 6]), torch.Size([1, 6]), torch.Size([3, 1])):
+                for placements in ((S0, R), (S0, S0), (R, S1), (S1, S0), (P, R)):
+                    spec = DTensorSpec(mesh, placements)
+                    self.assertEqual(
+                        cache.cached_is_shardable(is_tensor_shardable, shape, spec, None),
+                        is_tensor_shardable(shape, spec),
+                        f"{shape} {placements}",
+                    )
+        self.assertEqual(cache.shardable_cache_size(), 15)
+        cache.clear_shardable_cache()
+        self.assertEqual(cache.shardable_cache_size(), 0)
+
 class TestExpansionFilters(StrategyContractTestBase):
     """What the expansion leaves out is decided per placement, not per combination."""
 

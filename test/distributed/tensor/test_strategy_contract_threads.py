@@ -41,7 +41,11 @@ from torch.distributed.tensor._op_schema import (
     OutputSharding,
     TupleStrategy,
 )
-from torch.distributed.tensor._ops import _finalize_strategy, _redistribute_cost_cache
+from torch.distributed.tensor._ops import (
+    _finalize_strategy,
+    _redistribute_cost_cache,
+    _shardable_cache,
+)
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.placement_types import (
@@ -557,6 +561,8 @@ class TestCachesStayBounded(ThreadsTestBase):
         for name, bound, cache in (
             ("_META_CACHE_SIZE", _finalize_strategy._META_CACHE_SIZE, _finalize_strategy._meta_cache),
             ("COST_CACHE_SIZE", _redistribute_cost_cache.COST_CACHE_SIZE, _redistribute_cost_cache._costs),
+            ("COST_CACHE_SIZE (sources)", _redistribute_cost_cache.COST_CACHE_SIZE, _redistribute_cost_cache._sources),
+            ("SHARDABLE_CACHE_SIZE", _shardable_cache.SHARDABLE_CACHE_SIZE, _shardable_cache._answers),
         ):
             self.assertEqual(cache.max_size, bound, name)
             self.assertIsInstance(bound, int, name)
