@@ -26,10 +26,12 @@ alternate stock, bare, built, stock, ... so that drift in the machine's load
 hits every side alike; a process per configuration would spend most of the run
 importing torch). In each worker, DTensor's caches are cleared before every
 walk, a walk of the 1-block step's first 40 nodes on the 8-rank 1-D mesh warms
-the process up first, and the first repeat also runs one extra walk per
-configuration under tracemalloc for the peak. Per configuration and side the report gives time per walk and per
-node (median over repeats of each repeat's walk time, relative stdev and
-min-max over repeats), specs per node, fallbacks, the tracemalloc peak and
+the process up first, a configuration is walked until at least MIN_SECONDS
+went into it (its repeat's time is the median of those walks), and the first
+repeat also runs one extra walk per configuration under tracemalloc for the
+peak. Per configuration and side the report gives time per walk and per node
+(median over repeats of each repeat's walk time, relative stdev and min-max
+over repeats), specs per node, fallbacks, the tracemalloc peak and
 peak per returned spec, and the built/stock and built/bare ratios (median of
 the per-repeat ratios, and their range).
 
@@ -142,10 +144,18 @@ def config_graph(config: ScalingConfig, traced: dict[int, Any]) -> Any:
     return torch.fx.GraphModule(gm, model.graph_prefix(gm.graph, config.nodes))
 
 
+# A configuration is walked again until this much time went into it (at most MAX_VALUES
+# walks): a 40-node walk on a small mesh takes tens of milliseconds, and one such value
+# per repeat is mostly noise.
+MIN_SECONDS = 1.0
+MAX_VALUES = 25
+
+
 def walk_config(
     config: ScalingConfig, walk: str, cap: int, values: int, memory: bool, traced: dict[int, Any]
 ) -> dict[str, Any]:
-    """Walk ``config`` ``values`` times (caches cleared each time); counts, times, peak."""
+    """Walk ``config`` at least ``values`` times and for MIN_SECONDS (caches cleared each
+    time); counts, times, peak. The repeat's figure is the median of the walks."""
     from tools.bench import common
     from tools.bench.worker import PlannerBench
 
@@ -160,6 +170,8 @@ def walk_config(
             f"(stock and bare need the stock python, built the built one)"
         )
     times = [bench.time_func(1) for _ in range(values)]
+    while sum(times) < MIN_SECONDS and len(times) < MAX_VALUES:
+        times.append(bench.time_func(1))
     bench.check()
     if bench.stats is None:
         raise RuntimeError(f"{config.label}: no walk was measured")
