@@ -193,15 +193,15 @@ def floor_summary(built: SideResult) -> dict[str, Any]:
 
 def table(entries: list[dict[str, Any]]) -> str:
     headers = ["benchmark", "stock median", "stock spread", "built median", "built spread",
-               "built/stock", "per-repeat", "target", "result", "floor", "built/floor"]
+               "built/stock", "per-repeat", "target", "result", "built/floor", "floor"]
     rows = [headers]
     for e in entries:
         pr = e["spread"]["ratio_per_repeat"]
         floor = ["", ""]
         if "built_over_floor" in e:
             fr = e["built_over_floor_per_repeat"]
-            floor = [fmt_s(e["floor_s"]),
-                     f"{e['built_over_floor']:.2f} ({fr['min']:.2f}–{fr['max']:.2f})"]
+            floor = [f"{e['built_over_floor']:.2f} ({fr['min']:.2f}–{fr['max']:.2f})",
+                     fmt_s(e["floor_s"])]
         rows.append([
             e["name"], fmt_s(e["stock_s"]), fmt_spread(e["spread"]["stock"]),
             fmt_s(e["built_s"]), fmt_spread(e["spread"]["built"]), f"{e['ratio']:.3f}",

@@ -24,8 +24,19 @@ Nodes no registry answers get an all-Replicate strategy, on every side, and
 are counted as fallbacks; on the bare side the fallback's metas are the graph's
 own (``node.meta["val"]``), since that side runs no shape inference of its own.
 
-:class:`FloorWalk` is the lower bound the built side is compared with (see
-its docstring): the same answers, built from precomputed parts.
+:class:`FloorWalk` is the floor the built side is compared with: the same
+answers, built from precomputed parts. Per node it does exactly one fake shape
+inference (complete specs need output metas, and nothing but running the op
+on fake tensors gives them), builds as many ``OpSpec``s as the built walk
+received, from fresh ``DTensorSpec``s carrying the recorded placements and the
+inferred metas and with the recorded cost rows, and consumes them with the same
+consume step. Those are the parts no implementation of complete answers can
+skip: handing out the specs and knowing their metas. Everything else the built
+walk spends (finding and running rules, expanding them over the mesh, checking
+shardability, pricing redistributions, finalizing) is what an implementation
+can make cheaper, so built/floor measures how much of it is left. Building the
+planner's query (its input ``OpStrategy``s) is not in the floor: it is the
+planner's own cost, the same on every side.
 """
 
 from __future__ import annotations
