@@ -15,6 +15,8 @@
 #                         at the step that adds it), then tools/test once
 #   make audit            build, then run tools.audit per release (STRICT=1, OPS=...)
 #   make bench            build, then run tools.bench per release, stock vs built (STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
+#   make bench-scaling    build, then per release the planner walk on meshes of 1-4 dims and 2/8 blocks,
+#                         stock+repair, stock bare and built (tools.bench.scaling; REPEATS=N, CONFIGS=..., CAP=N, QUICK=1)
 #   make lint             ruff, flake8 and mypy on what the change touches (tools/lint.py; linters in .venv-lint)
 #   make clean            remove the venvs and dist/
 
@@ -34,7 +36,7 @@ built_python = $(if $(filter $(PRIMARY),$(1)),$(VENV),.venv-$(1))/bin/python
 stock_python = $(if $(filter $(PRIMARY),$(1)),$(STOCK_VENV),.venv-$(1)-stock)/bin/python
 rel_suffix = $(if $(filter $(PRIMARY),$(1)),,-$(1))
 
-.PHONY: build refresh check-refreshed export check-stack test audit bench clean
+.PHONY: build refresh check-refreshed export check-stack test audit bench bench-scaling clean
 
 build:
 	$(BUILD_TOOL) build $(VENV_ARGS) $(if $(PIP_ARGS),--pip-args "$(PIP_ARGS)") $(if $(FORCE),--force)
@@ -60,6 +62,9 @@ audit: build
 
 bench: build
 	$(foreach r,$(RELEASE_LIST),$(VENV)/bin/python -m tools.bench --stock-python $(call stock_python,$(r)) --built-python $(call built_python,$(r)) --out reports/bench$(call rel_suffix,$(r)).json --work-dir .build/bench$(call rel_suffix,$(r)) $(if $(STRICT),--strict) $(if $(BENCH),--bench "$(BENCH)") $(if $(REPEATS),--repeats $(REPEATS)) $(if $(QUICK),--quick) &&) true
+
+bench-scaling: build
+	$(foreach r,$(RELEASE_LIST),$(VENV)/bin/python -m tools.bench.scaling --stock-python $(call stock_python,$(r)) --built-python $(call built_python,$(r)) --out reports/scaling$(call rel_suffix,$(r)).json --work-dir .build/scaling$(call rel_suffix,$(r)) $(if $(REPEATS),--repeats $(REPEATS)) $(if $(CONFIGS),--configs "$(CONFIGS)") $(if $(CAP),--cap $(CAP)) $(if $(QUICK),--quick) &&) true
 
 LINT_VENV ?= .venv-lint
 

@@ -14,7 +14,10 @@ hits both sides alike. Each worker times with pyperf (worker mode, fixed
 warmups/values/loops) and writes pyperf JSON, read back here with
 ``pyperf.Benchmark``. Per side, the median is taken over every value of every
 repeat; the spread is that of the per-repeat medians (relative stdev and
-min-max); the ratio is built/stock and is checked against the target.
+min-max); the ratio is built/stock and is checked against the target. The
+planner benchmarks' built workers also time the floor (``planner.FloorWalk``):
+built/floor is, per repeat, the built median over that worker's floor median,
+and its median over the repeats is reported next to built/stock (no target).
 
 Writes ``reports/bench.json`` (one entry per benchmark) and the merged pyperf
 suites ``<work-dir>/stock.pyperf.json`` and ``built.pyperf.json`` (for
@@ -37,7 +40,7 @@ from typing import Any
 
 import pyperf
 
-from tools.bench.worker import BENCHES
+from tools.bench.worker import BENCHES, PLANNER_BENCHES
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -156,28 +159,54 @@ def summarize(name: str, sides: dict[str, SideResult], repeats: int, command: st
                   for r in ROLES},
         "command": command,
     }
-    if name == "planner_enumeration":
-        keys = ("walk", "blocks", "candidate_cap", "nodes", "queries", "specs", "candidates",
-                "registries", "fallback_nodes", "fallbacks", "fallback_reasons", "repairs")
+    if name in PLANNER_BENCHES:
+        keys = ("walk", "blocks", "candidate_cap", "mesh", "nodes", "queries", "specs",
+                "candidates", "registries", "fallback_nodes", "fallbacks", "fallback_reasons",
+                "repairs", "expanded", "missing")
         entry["walk"] = {r: {k: sides[r].infos[0].get(k) for k in keys} for r in ROLES}
         for r in ROLES:
             entry[f"{r}_peak_mib"] = sides[r].infos[0].get("peak_tracemalloc_mib")
+            entry[f"{r}_peak_per_spec_kib"] = sides[r].infos[0].get("peak_per_spec_kib")
         entry["peak_memory_kind"] = stock.infos[0].get("peak_memory_kind")
+        entry.update(floor_summary(built))
     entry["max_rss_mib"] = {r: max(i["max_rss_mib"] for i in sides[r].infos) for r in ROLES}
     return entry
 
 
+def floor_summary(built: SideResult) -> dict[str, Any]:
+    """built/floor per repeat (each built worker against its own floor) and their median.
+
+    Empty when the built workers timed no floor (a stock torch on both sides).
+    """
+    raw = [i.get("floor_s") for i in built.infos]
+    floors = [float(f) for f in raw if isinstance(f, (int, float)) and f > 0]
+    if not floors or len(floors) != len(raw):
+        return {}
+    paired = [b / f for b, f in zip(built.repeat_medians, floors)]
+    return {
+        "floor_s": statistics.median(floors),
+        "built_over_floor": statistics.median(paired),
+        "built_over_floor_per_repeat": {"min": min(paired), "max": max(paired)},
+        "floor_kind": built.infos[0].get("floor_kind"),
+    }
+
+
 def table(entries: list[dict[str, Any]]) -> str:
     headers = ["benchmark", "stock median", "stock spread", "built median", "built spread",
-               "built/stock", "per-repeat", "target", "result"]
+               "built/stock", "per-repeat", "target", "result", "built/floor", "floor"]
     rows = [headers]
     for e in entries:
         pr = e["spread"]["ratio_per_repeat"]
+        floor = ["", ""]
+        if "built_over_floor" in e:
+            fr = e["built_over_floor_per_repeat"]
+            floor = [f"{e['built_over_floor']:.2f} ({fr['min']:.2f}–{fr['max']:.2f})",
+                     fmt_s(e["floor_s"])]
         rows.append([
             e["name"], fmt_s(e["stock_s"]), fmt_spread(e["spread"]["stock"]),
             fmt_s(e["built_s"]), fmt_spread(e["spread"]["built"]), f"{e['ratio']:.3f}",
             f"{pr['min']:.3f}–{pr['max']:.3f}", f"<= {e['target']:.2f}",
-            "PASS" if e["pass"] else "FAIL",
+            "PASS" if e["pass"] else "FAIL", *floor,
         ])
     widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -193,9 +222,11 @@ def planner_lines(entries: list[dict[str, Any]]) -> list[str]:
         for r in ROLES:
             w = e["walk"][r]
             lines.append(
-                f"planner walk {r} ({w['walk']}): {w['nodes']} nodes, {w['queries']} queries, "
+                f"{e['name']} {r} ({w['walk']}): {w['nodes']} nodes, {w['queries']} queries, "
                 f"{w['specs']} specs, {w['fallback_nodes']} all-Replicate fallbacks "
-                f"{w['fallbacks']}; peak {e[f'{r}_peak_mib']} MiB (tracemalloc)"
+                f"{w['fallbacks']}; peak {e[f'{r}_peak_mib']} MiB (tracemalloc), "
+                f"{e[f'{r}_peak_per_spec_kib']} KiB per spec"
+                + (f"; missing in specs: {w['missing']}" if w.get("missing") else "")
             )
     return lines
 

@@ -25,18 +25,49 @@ WORLD_SIZE = 8
 CONTRACT_SWEEP = "torch/testing/_internal/distributed/_tensor/contract_sweep.py"
 
 
-def init_fake_process_group() -> None:
-    """An in-process world of 8 ranks (this process is rank 0); no real collectives."""
+def init_fake_process_group(world_size: int = WORLD_SIZE) -> None:
+    """An in-process world of ``world_size`` ranks (this process is rank 0); no real collectives.
+
+    A world of another size is torn down and replaced, so that one process can
+    walk meshes of 8 and of 16 ranks one after the other (the scaling run does).
+    """
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if not dist.is_initialized():
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD_SIZE)
+    if world_size < 1:
+        raise ValueError(f"the fake process group needs at least 1 rank, got {world_size}")
+    if dist.is_initialized():
+        if dist.get_world_size() == world_size:
+            return
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+
+def mesh_world_size(shape: tuple[int, ...]) -> int:
+    """Ranks a mesh of ``shape`` spans (every dim at least 1)."""
+    if not shape or any(n < 1 for n in shape):
+        raise ValueError(f"a mesh shape needs positive dims, got {shape}")
+    return int(torch.Size(shape).numel())
+
+
+def parse_mesh(text: str) -> tuple[int, ...]:
+    """``"2x4"`` -> ``(2, 4)``; ``"8"`` -> ``(8,)``. Raises ValueError naming the text."""
+    try:
+        shape = tuple(int(part) for part in text.strip().lower().split("x"))
+    except ValueError:
+        raise ValueError(f"mesh shape {text!r}: expected sizes joined by 'x', e.g. 2x4") from None
+    if not shape or any(n < 1 for n in shape):
+        raise ValueError(f"mesh shape {text!r}: every dim must be a positive size")
+    return shape
 
 
 def cpu_mesh(shape: tuple[int, ...]) -> DeviceMesh:
-    """A CPU DeviceMesh over the fake world."""
-    if torch.Size(shape).numel() != WORLD_SIZE:
-        raise ValueError(f"mesh {shape} does not cover the fake world of {WORLD_SIZE} ranks")
+    """A CPU DeviceMesh over the whole fake world, which must be as large as the mesh."""
+    world = dist.get_world_size() if dist.is_initialized() else WORLD_SIZE
+    if mesh_world_size(shape) != world:
+        raise ValueError(
+            f"mesh {shape} spans {mesh_world_size(shape)} ranks but the fake world has {world}; "
+            f"call init_fake_process_group({mesh_world_size(shape)}) first"
+        )
     return init_device_mesh("cpu", shape)
 
 

@@ -12,10 +12,31 @@ obtained:
   (:class:`StockRepair`): shape inference of the op on fake tensors, output and
   input metas filled in, ``None`` where the op returns ``None``, missing input
   specs and redistribute costs filled, and single-dim rules expanded over the
-  full candidate lists (stock's own expansion raises with several candidates).
+  full candidate lists (stock's own expansion raises with several candidates);
+* ``bare``: stock's registries with no repair at all (:class:`BareQuery`): the
+  single-dim rules expanded the same way but without output metas, and every
+  answer read as it comes. Its consume step takes what a planner can read from
+  an incomplete spec (placements for candidates, costs where present) and
+  counts what is missing instead of raising: the price planners pay today when
+  they skip the repair and live with incomplete specs.
 
-Nodes no registry answers get an all-Replicate strategy, on either side, and
-are counted as fallbacks.
+Nodes no registry answers get an all-Replicate strategy, on every side, and
+are counted as fallbacks; on the bare side the fallback's metas are the graph's
+own (``node.meta["val"]``), since that side runs no shape inference of its own.
+
+:class:`FloorWalk` is the floor the built side is compared with: the same
+answers, built from precomputed parts. Per node it does exactly one fake shape
+inference (complete specs need output metas, and nothing but running the op
+on fake tensors gives them), builds as many ``OpSpec``s as the built walk
+received, from fresh ``DTensorSpec``s carrying the recorded placements and the
+inferred metas and with the recorded cost rows, and consumes them with the same
+consume step. Those are the parts no implementation of complete answers can
+skip: handing out the specs and knowing their metas. Everything else the built
+walk spends (finding and running rules, expanding them over the mesh, checking
+shardability, pricing redistributions, finalizing) is what an implementation
+can make cheaper, so built/floor measures how much of it is left. Building the
+planner's query (its input ``OpStrategy``s) is not in the floor: it is the
+planner's own cost, the same on every side.
 """
 
 from __future__ import annotations
@@ -105,6 +126,8 @@ class WalkStats:
     fallbacks: Counter[str] = field(default_factory=Counter)  # op -> all-Replicate count
     fallback_reasons: dict[str, str] = field(default_factory=dict)
     repairs: Counter[str] = field(default_factory=Counter)  # stock: what the pass filled
+    expanded: Counter[str] = field(default_factory=Counter)  # bare: planner-side expansion
+    missing: Counter[str] = field(default_factory=Counter)  # bare: what specs lacked
     cost_sum: float = 0.0  # finite redistribute costs read (proves they were consumed)
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,11 +141,39 @@ class WalkStats:
             "fallbacks": dict(self.fallbacks),
             "fallback_reasons": self.fallback_reasons,
             "repairs": dict(self.repairs),
+            "expanded": dict(self.expanded),
+            "missing": dict(self.missing),
         }
 
 
+SIDES = ("stock", "bare", "built")
+
+
+@dataclass(frozen=True)
+class RecordedSpec:
+    """One OpSpec of a built answer, taken apart: what the floor rebuilds it from."""
+
+    outputs: tuple[Placements | None, ...]  # one entry per result position
+    output_metas: tuple[TensorMeta | None, ...]
+    inputs: tuple[tuple[Placements, TensorMeta | None], ...]
+    costs: list[list[float]]
+
+
+@dataclass(frozen=True)
+class RecordedNode:
+    """A node's whole answer as the built walk consumed it."""
+
+    multi: bool  # the answer's output_specs is a tuple (one entry per result)
+    specs: tuple[RecordedSpec, ...]
+    n_candidates: tuple[int, ...]  # candidates per tensor input
+
+
 class PlannerWalk:
-    """One walk over ``graph``; ``side`` picks how strategies are obtained."""
+    """One walk over ``graph``; ``side`` picks how strategies are obtained.
+
+    ``record``, when given, receives every node's answer as consumed (the floor
+    is built from it); recording is for an untimed walk.
+    """
 
     def __init__(
         self,
@@ -131,9 +182,10 @@ class PlannerWalk:
         side: str,
         sweep: ModuleType,
         cap: int,
+        record: dict[torch.fx.Node, RecordedNode] | None = None,
     ) -> None:
-        if side not in ("stock", "built"):
-            raise ValueError(f"side must be 'stock' or 'built', got {side!r}")
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {', '.join(SIDES)}, got {side!r}")
         self.mesh = mesh
         self.graph = graph
         self.side = side
@@ -149,6 +201,10 @@ class PlannerWalk:
         self.fakes: dict[torch.fx.Node, object] = {}
         self.stats = WalkStats()
         self.repair = StockRepair(self) if side == "stock" else None
+        self.bare = BareQuery(self) if side == "bare" else None
+        # The bare side reads incomplete specs; the others must get complete ones.
+        self.lenient = side == "bare"
+        self.record = record
 
     # ---- inputs ----
 
@@ -275,7 +331,9 @@ class PlannerWalk:
             self.stats.queries += 1
             self.stats.registries[registry] += 1
             try:
-                if self.repair is None:
+                if self.bare is not None:
+                    strategy = self.bare.query(schema, registry, inputs)
+                elif self.repair is None:
                     # the change's one planner entry point, specs used as returned
                     strategy = self.propagator.get_op_strategy(schema)
                 else:
@@ -286,9 +344,15 @@ class PlannerWalk:
             else:
                 if strategy is None:
                     reason = f"{registry} returned None"
+                elif self.bare is not None:
+                    unusable = self.bare.unusable(node, strategy)
+                    if unusable:
+                        self.stats.missing["unusable_answers"] += 1
+                        reason, strategy = unusable, None
         if strategy is None:
             if metas is None:
-                metas = self.infer_metas(node)
+                # bare: the graph's own metas; the others re-run the op, as planners do
+                metas = self.node_meta(node) if self.bare is not None else self.infer_metas(node)
             strategy = self.all_replicate(inputs, metas)
             self.stats.fallbacks[str(op)] += 1
             self.stats.fallback_reasons.setdefault(str(op), reason)
@@ -296,7 +360,10 @@ class PlannerWalk:
             raise TypeError(
                 f"{node.name} ({op}): expected an OpStrategy, got {type(strategy).__name__}"
             )
-        self.consume(node, strategy, inputs)
+        n_candidates = [len(i.strategies) for i in inputs]
+        if self.record is not None:
+            self.record[node] = record_answer(strategy, n_candidates)
+        self.consume(node, strategy, n_candidates)
 
     def all_replicate(self, inputs: list[OpStrategy], metas: Metas) -> OpStrategy:
         """What a planner does for an op DTensor cannot answer: run it replicated."""
@@ -312,28 +379,42 @@ class PlannerWalk:
         costs = [generate_redistribute_costs(i, s) for i, s in zip(inputs, input_specs)]
         return OpStrategy([OpSpec(outputs, input_specs, costs)])
 
-    def consume(self, node: torch.fx.Node, strategy: OpStrategy, inputs: list[OpStrategy]) -> None:
+    def consume(
+        self, node: torch.fx.Node, strategy: OpStrategy, n_candidates: Sequence[int]
+    ) -> None:
         """Read the specs as a planner's cost model does; derive the result's candidates.
 
-        Raises if a spec is not consumable as returned (the built side promises
-        it; the stock side's repair must have made it so).
+        ``n_candidates`` holds each tensor input's candidate count (what a cost
+        row must match). Raises if a spec is not consumable as returned (the
+        built side promises it; the stock side's repair must have made it so),
+        except on the lenient bare side, which counts each gap in
+        ``stats.missing`` and reads what is there: a spec without costs is
+        taken as reachable, an output without a meta still offers its placements.
         """
+        n_inputs = len(n_candidates)
         n_outputs = len(output_list(strategy.strategies[0].output_specs))
         per_output: list[list[Placements]] = [[] for _ in range(n_outputs)]
+        missing = self.stats.missing
         for index, spec in enumerate(strategy.strategies):
             rows = spec.redistribute_cost
-            if spec.input_specs is None or len(spec.input_specs) != len(inputs):
-                raise RuntimeError(
-                    f"{node.name} ({node.target}) spec {index}: input_specs "
-                    f"{None if spec.input_specs is None else len(spec.input_specs)} for {len(inputs)} inputs"
-                )
-            if rows is None or len(rows) != len(inputs) or any(
-                len(row) != len(i.strategies) for row, i in zip(rows, inputs)
+            if spec.input_specs is None or len(spec.input_specs) != n_inputs:
+                if not self.lenient:
+                    raise RuntimeError(
+                        f"{node.name} ({node.target}) spec {index}: input_specs "
+                        f"{None if spec.input_specs is None else len(spec.input_specs)} for {n_inputs} inputs"
+                    )
+                missing["specs_without_input_specs" if spec.input_specs is None
+                        else "specs_with_wrong_input_count"] += 1
+            if rows is None or len(rows) != n_inputs or any(
+                len(row) != n for row, n in zip(rows, n_candidates)
             ):
-                raise RuntimeError(
-                    f"{node.name} ({node.target}) spec {index}: redistribute_cost does not "
-                    f"match the inputs' candidates"
-                )
+                if not self.lenient:
+                    raise RuntimeError(
+                        f"{node.name} ({node.target}) spec {index}: redistribute_cost does not "
+                        f"match the inputs' candidates"
+                    )
+                missing["specs_without_costs" if rows is None else "specs_with_wrong_cost_rows"] += 1
+                rows = []  # nothing to price it with: a planner takes it as reachable
             reachable = True
             for row in rows:
                 finite = [float(c) for c in row if math.isfinite(float(c))]
@@ -343,12 +424,23 @@ class PlannerWalk:
                 self.stats.cost_sum += min(finite)
             if not reachable:
                 continue
-            for pos, out in enumerate(output_list(spec.output_specs)):
+            outputs = output_list(spec.output_specs)
+            if len(outputs) != n_outputs:
+                if not self.lenient:
+                    raise RuntimeError(
+                        f"{node.name} ({node.target}) spec {index}: {len(outputs)} output specs, "
+                        f"spec 0 has {n_outputs}"
+                    )
+                missing["specs_with_wrong_output_count"] += 1
+                continue
+            for pos, out in enumerate(outputs):
                 if out is not None:
                     if out.tensor_meta is None:
-                        raise RuntimeError(
-                            f"{node.name} ({node.target}) spec {index}: output {pos} has no tensor_meta"
-                        )
+                        if not self.lenient:
+                            raise RuntimeError(
+                                f"{node.name} ({node.target}) spec {index}: output {pos} has no tensor_meta"
+                            )
+                        missing["outputs_without_meta"] += 1
                     per_output[pos].append(out.placements)
         self.stats.specs += len(strategy.strategies)
         capped = [spread_cap(c, self.cap) for c in per_output]
@@ -385,32 +477,9 @@ class StockRepair:
         self, schema: OpSchema, inputs: list[OpStrategy], metas: Metas
     ) -> OpStrategy:
         """Single-dim rules over the full candidate lists, as planners expand them."""
-        op = schema.op
-        info = self.propagator.op_single_dim_strategy_funcs[op]
-        func: Callable[..., list[list[Any]]] = getattr(info, "func", info)
-        rules = func(op, schema.args_meta, schema.kwargs_meta)
         out_metas = list(metas) if is_multi(metas) else [metas]
-        n_outputs = len(rules[0]) - len(inputs) if rules else len(out_metas)
-        resolved = [
-            [Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
-            for rule in rules
-        ]
-        if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in resolved):
-            replicate_rule: list[Placement | None] = [
-                None if i < len(out_metas) and out_metas[i] is None else Replicate()
-                for i in range(n_outputs)
-            ]
-            resolved.insert(0, replicate_rule + [Replicate()] * len(inputs))
-            self.walk.stats.repairs["replicate_rule_added"] += 1
-        self.walk.stats.repairs["single_dim_expanded"] += 1
-        base = op._schema.name.split("::")[-1]
-        return expand_to_full_mesh_op_strategy(
-            self.mesh,
-            schema,
-            resolved,  # type: ignore[arg-type]
-            input_index=n_outputs,
-            inplace_op=base.endswith("_"),
-            allow_uneven_sharding=getattr(info, "allow_uneven_sharding", False),
+        return expand_single_dim(
+            self.walk, schema, inputs, [m is None for m in out_metas], self.walk.stats.repairs
         )
 
     def fill(self, strategy: OpStrategy, inputs: list[OpStrategy], metas: Metas) -> OpStrategy:
@@ -469,6 +538,194 @@ class StockRepair:
                 costs = [generate_redistribute_costs(i, s) for i, s in zip(inputs, new_inputs)]
             fixed.append(OpSpec(output_specs, new_inputs, costs))
         return OpStrategy(fixed)
+
+
+def expand_single_dim(
+    walk: PlannerWalk,
+    schema: OpSchema,
+    inputs: list[OpStrategy],
+    none_results: Sequence[bool] | None,
+    counts: Counter[str],
+) -> OpStrategy:
+    """A single-dim rule expanded over the full candidate lists, as planners do it.
+
+    Stock's own expansion raises as soon as an input offers several candidates,
+    so planners resolve the placeholders to ``Shard``, add the all-Replicate
+    rule if the rules lack one, and call ``expand_to_full_mesh_op_strategy``
+    without output metas. ``none_results`` (per result position, from shape
+    inference; ``None`` when the planner ran none) keeps the added rule from
+    placing a result the op returns as ``None``. ``counts`` records what was done.
+    """
+    op = schema.op
+    info = walk.propagator.op_single_dim_strategy_funcs[op]
+    func: Callable[..., list[list[Any]]] = getattr(info, "func", info)
+    rules = func(op, schema.args_meta, schema.kwargs_meta)
+    nones = list(none_results) if none_results is not None else []
+    n_outputs = len(rules[0]) - len(inputs) if rules else max(len(nones), 1)
+    resolved = [
+        [Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
+        for rule in rules
+    ]
+    if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in resolved):
+        replicate_rule: list[Placement | None] = [
+            None if i < len(nones) and nones[i] else Replicate() for i in range(n_outputs)
+        ]
+        resolved.insert(0, replicate_rule + [Replicate()] * len(inputs))
+        counts["replicate_rule_added"] += 1
+    counts["single_dim_expanded"] += 1
+    base = op._schema.name.split("::")[-1]
+    return expand_to_full_mesh_op_strategy(
+        walk.mesh,
+        schema,
+        resolved,  # type: ignore[arg-type]
+        input_index=n_outputs,
+        inplace_op=base.endswith("_"),
+        allow_uneven_sharding=getattr(info, "allow_uneven_sharding", False),
+    )
+
+
+class BareQuery:
+    """Stock's answers with no repair: what a planner gets when it skips the pass.
+
+    Single-dim rules are expanded as the repair expands them (placeholders to
+    ``Shard``, over the full candidate lists) but without output metas, since
+    this side runs no shape inference; registered strategies and the
+    decomposition path are asked directly. Nothing is filled in afterwards.
+    """
+
+    def __init__(self, walk: PlannerWalk) -> None:
+        self.walk = walk
+        self.propagator = walk.propagator
+
+    def query(
+        self, schema: OpSchema, registry: str, inputs: list[OpStrategy]
+    ) -> StrategyType | None:
+        if registry == "single_dim":
+            return expand_single_dim(self.walk, schema, inputs, None, self.walk.stats.expanded)
+        if registry == "op_strategy":
+            return self.propagator.op_strategy_funcs[schema.op](schema)
+        return self.propagator.decomp_strategy.propagate_strategy(schema)
+
+    def unusable(self, node: torch.fx.Node, strategy: StrategyType) -> str:
+        """Why a planner cannot read ``strategy`` for ``node`` at all ("" if it can).
+
+        Only what no reading can get around: not an OpStrategy, no specs, or a
+        first spec whose output count is not the node's result count (the
+        consumers of result ``i`` would find no candidates). Gaps inside the
+        specs are for :meth:`PlannerWalk.consume` to count.
+        """
+        if not isinstance(strategy, OpStrategy):
+            return f"a {type(strategy).__name__} answer"
+        if not strategy.strategies:
+            return "an OpStrategy without specs"
+        metas = self.walk.node_meta(node)
+        wanted = len(metas) if is_multi(metas) else 1
+        got = len(output_list(strategy.strategies[0].output_specs))
+        if got != wanted:
+            return f"{got} output spec(s) for {wanted} result(s)"
+        return ""
+
+
+def record_answer(strategy: OpStrategy, n_candidates: Sequence[int]) -> RecordedNode:
+    """Take a consumed answer apart into what the floor rebuilds it from."""
+    multi = isinstance(strategy.strategies[0].output_specs, (list, tuple))
+    specs = []
+    for spec in strategy.strategies:
+        outputs = output_list(spec.output_specs)
+        specs.append(
+            RecordedSpec(
+                outputs=tuple(None if o is None else o.placements for o in outputs),
+                output_metas=tuple(None if o is None else o.tensor_meta for o in outputs),
+                inputs=tuple((s.placements, s.tensor_meta) for s in spec.input_specs or ()),
+                costs=[list(row) for row in spec.redistribute_cost or ()],
+            )
+        )
+    return RecordedNode(multi=multi, specs=tuple(specs), n_candidates=tuple(n_candidates))
+
+
+class FloorWalk(PlannerWalk):
+    """The floor: what no implementation of the built walk's answers can avoid.
+
+    It walks the same graph and, per node, does exactly one fake shape
+    inference of the node (as :meth:`PlannerWalk.infer_metas` does; complete
+    specs need their metas, and DTensor needs shape inference to get them),
+    then builds as many ``OpSpec``s as the built walk received for that node,
+    each from fresh ``DTensorSpec``s with the recorded placements (outputs
+    with the metas just inferred, inputs with their producers' metas) and the
+    recorded cost rows, and hands them to the same consume step. What it leaves
+    out is everything an implementation may make cheaper or avoid: looking up
+    and running rules, expanding them over the mesh, validating shardings,
+    pricing redistributions, repairing, and building the planner's query schema
+    (input ``OpStrategy``s; a cost of the planner, not of DTensor, the same on
+    every side). The floor's consume reads the same specs the built walk read,
+    so built/floor is how far the change is from answering for free.
+
+    ``verify`` checks each inferred meta against the recorded one (an untimed
+    run does it once; the timed runs leave it off).
+    """
+
+    def __init__(
+        self,
+        mesh: DeviceMesh,
+        graph: torch.fx.Graph,
+        sweep: ModuleType,
+        cap: int,
+        recorded: dict[torch.fx.Node, RecordedNode],
+        verify: bool = False,
+    ) -> None:
+        super().__init__(mesh, graph, "built", sweep, cap)
+        self.recorded = recorded
+        self.verify = verify
+
+    def visit(self, node: torch.fx.Node) -> None:
+        rec = self.recorded.get(node)
+        if rec is None:
+            raise RuntimeError(f"floor walk: no recorded answer for {node.name} ({node.target})")
+        self.stats.nodes += 1
+        self.stats.queries += 1  # answered, from the record
+        metas = self.infer_metas(node)
+        out_metas = list(metas) if is_multi(metas) else [metas]
+        mesh = self.mesh
+        specs = []
+        for r in rec.specs:
+            if len(r.outputs) != len(out_metas):
+                raise RuntimeError(
+                    f"floor walk: {node.name} ({node.target}) recorded {len(r.outputs)} outputs, "
+                    f"shape inference gives {len(out_metas)}"
+                )
+            if self.verify and tuple(out_metas) != r.output_metas:
+                raise RuntimeError(
+                    f"floor walk: {node.name} ({node.target}) inferred metas {out_metas} differ "
+                    f"from the built answer's {list(r.output_metas)}"
+                )
+            outputs = tuple(
+                None if p is None else DTensorSpec(mesh, p, tensor_meta=m)
+                for p, m in zip(r.outputs, out_metas)
+            )
+            inputs = [DTensorSpec(mesh, p, tensor_meta=m) for p, m in r.inputs]
+            specs.append(OpSpec(outputs if rec.multi else outputs[0], inputs, r.costs))
+        self.consume(node, OpStrategy(specs), rec.n_candidates)
+
+
+def record_walk(
+    mesh: DeviceMesh, graph: torch.fx.Graph, sweep: ModuleType, cap: int
+) -> tuple[WalkStats, dict[torch.fx.Node, RecordedNode]]:
+    """One built walk that keeps every node's answer (untimed; the floor's input)."""
+    recorded: dict[torch.fx.Node, RecordedNode] = {}
+    stats = PlannerWalk(mesh, graph, "built", sweep, cap, record=recorded).run()
+    return stats, recorded
+
+
+def floor_once(
+    mesh: DeviceMesh,
+    graph: torch.fx.Graph,
+    sweep: ModuleType,
+    cap: int,
+    recorded: dict[torch.fx.Node, RecordedNode],
+    verify: bool = False,
+) -> WalkStats:
+    """One floor walk over the recorded answers (see :class:`FloorWalk`)."""
+    return FloorWalk(mesh, graph, sweep, cap, recorded, verify).run()
 
 
 def walk_once(

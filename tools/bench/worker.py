@@ -3,13 +3,21 @@
 Run from the repository root (the orchestrator, ``python -m tools.bench``, does)::
 
     .venv/bin/python -m tools.bench.worker --bench planner_enumeration \\
-        --out /tmp/built.json --info /tmp/built.info.json [--quick] [--memory]
+        --out /tmp/built.json --info /tmp/built.info.json [--quick] [--memory] \\
+        [--mesh 2x2x2 --blocks 2 --cap 8]
 
 The timing is pyperf's: a ``pyperf.Runner`` in ``--worker`` mode with fixed
 warmups, values and loops, so this process is the one pyperf worker and the
 orchestrator decides how processes alternate. ``--out`` receives the pyperf
 benchmark JSON; ``--info`` what the benchmark computed (counts, checks, caches
 cleared, peak memory), which pyperf's metadata cannot hold.
+
+The planner benchmarks' built worker also times the floor (see
+``planner.FloorWalk``): after pyperf's values, one recording walk keeps the
+built answers, and the floor walk over them is timed with as many values (of
+as many loops) as the benchmark; its median goes into the info as ``floor_s``.
+``--mesh``, ``--blocks`` and ``--cap`` change the planner walk's mesh, model
+size and candidate cap (the fake world takes the mesh's size).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import sys
 import time
 import tracemalloc
@@ -74,7 +83,16 @@ BENCHES: dict[str, BenchSpec] = {
         "every node of a traced 4-block Llama step (fwd+bwd) queried with planner "
         "candidates on a 2x4 mesh; built as returned vs stock + repair pass; seconds per walk",
     ),
+    "planner_enumeration_bare": BenchSpec(
+        1.00,
+        Plan(warmups=1, values=2, loops=1),
+        Plan(warmups=0, values=1, loops=1),
+        "the same walk; built's complete answers vs stock bare: stock's registries with no "
+        "repair (single-dim rules expanded without metas, no shape inference, specs read as "
+        "they come, gaps counted); seconds per walk",
+    ),
 }
+PLANNER_BENCHES = ("planner_enumeration", "planner_enumeration_bare")
 
 # Planner walk sizes: (blocks, candidates per tensor).
 PLANNER_FULL = (4, 8)
@@ -117,6 +135,10 @@ class Benchmark:
     def memory(self) -> dict[str, Any]:
         return {}
 
+    def floor(self, plan: Plan) -> dict[str, Any]:
+        """The floor's timing (planner benchmarks, built torch); nothing elsewhere."""
+        return {}
+
 
 class EagerBench(Benchmark):
     """The eager op list; ``cold`` clears DTensor's caches before every call."""
@@ -151,19 +173,40 @@ class EagerBench(Benchmark):
 
 
 class PlannerBench(Benchmark):
-    """The planner walk over a traced Llama step; caches cleared before each walk."""
+    """The planner walk over a traced Llama step; caches cleared before each walk.
 
-    def __init__(self, quick: bool) -> None:
+    The built torch walks as the change answers; the stock torch walks with
+    the repair pass (``bare=False``) or without any (``bare=True``).
+    """
+
+    def __init__(
+        self,
+        quick: bool,
+        bare: bool = False,
+        mesh_shape: tuple[int, ...] | None = None,
+        blocks: int | None = None,
+        cap: int | None = None,
+        gm: Any = None,
+    ) -> None:
         from tools.bench import common, model, planner
 
         self.common = common
         self.planner = planner
-        self.blocks, self.cap = PLANNER_QUICK if quick else PLANNER_FULL
-        self.mesh = common.cpu_mesh(MESH_SHAPE)
+        default_blocks, default_cap = PLANNER_QUICK if quick else PLANNER_FULL
+        self.blocks = default_blocks if blocks is None else blocks
+        self.cap = default_cap if cap is None else cap
+        if self.blocks < 1 or self.cap < 1:
+            raise ValueError(f"planner walk: blocks {self.blocks} and cap {self.cap} must be >= 1")
+        self.mesh_shape = MESH_SHAPE if mesh_shape is None else tuple(mesh_shape)
+        self.mesh = common.cpu_mesh(self.mesh_shape)
         self.sweep = common.load_contract_sweep()
-        self.side = "built" if common.has_contract_change() else "stock"
+        if common.has_contract_change():
+            self.side = "built"
+        else:
+            self.side = "bare" if bare else "stock"
         t0 = time.perf_counter()
-        self.gm = model.trace_llama(model.LlamaDims(blocks=self.blocks))
+        # A caller walking several meshes passes the traced graph in (it depends on blocks only).
+        self.gm = gm if gm is not None else model.trace_llama(model.LlamaDims(blocks=self.blocks))
         self.trace_s = time.perf_counter() - t0
         self.cleared: list[str] = []
         self.stats = None
@@ -192,7 +235,7 @@ class PlannerBench(Benchmark):
             "walk": self.side,
             "blocks": self.blocks,
             "candidate_cap": self.cap,
-            "mesh": list(MESH_SHAPE),
+            "mesh": list(self.mesh_shape),
             "graph_nodes": len(nodes),
             "trace_s": round(self.trace_s, 3),
             "caches_cleared": self.cleared,
@@ -200,24 +243,77 @@ class PlannerBench(Benchmark):
         }
 
     def memory(self) -> dict[str, Any]:
+        walked: list[Any] = []
+
         def cold_walk() -> None:
             self.common.clear_dtensor_caches()
-            self.walk()
+            walked.append(self.walk())
 
+        peak = _tracemalloc_peak(cold_walk)
+        specs = walked[0].specs
         return {
-            "peak_tracemalloc_mib": round(_tracemalloc_peak(cold_walk), 2),
+            "peak_tracemalloc_mib": round(peak, 2),
+            # per OpSpec the walk received: a side returning more specs may peak higher
+            "peak_per_spec_kib": round(peak * 1024.0 / specs, 3) if specs else None,
             "peak_memory_kind": "tracemalloc peak of Python allocations during one cold walk "
-            "(above the heap at its start; the graph and torch are already loaded)",
+            "(above the heap at its start; the graph and torch are already loaded); "
+            "per spec: that peak over the OpSpecs the walk received",
+        }
+
+    def floor(self, plan: Plan) -> dict[str, Any]:
+        """Record the built answers once, then time the floor walk over them.
+
+        As many values of as many loops as the benchmark's plan, after a
+        verifying run and the plan's warm-ups; the floor uses none of DTensor's
+        caches, so none are cleared.
+        """
+        if self.side != "built":
+            return {}
+        planner, mesh, graph = self.planner, self.mesh, self.gm.graph
+        self.common.clear_dtensor_caches()
+        stats, recorded = planner.record_walk(mesh, graph, self.sweep, self.cap)
+        planner.floor_once(mesh, graph, self.sweep, self.cap, recorded, verify=True)
+        for _ in range(plan.warmups):
+            planner.floor_once(mesh, graph, self.sweep, self.cap, recorded)
+        values = []
+        floor_stats = None
+        for _ in range(plan.values):
+            t0 = time.perf_counter()
+            for _ in range(plan.loops):
+                floor_stats = planner.floor_once(mesh, graph, self.sweep, self.cap, recorded)
+            values.append((time.perf_counter() - t0) / plan.loops)
+        if floor_stats is None or floor_stats.specs != stats.specs:
+            raise RuntimeError(
+                f"floor walk built {None if floor_stats is None else floor_stats.specs} specs, "
+                f"the built walk received {stats.specs}"
+            )
+        planner.check_walk(floor_stats, graph)
+        return {
+            "floor_s": statistics.median(values),
+            "floor_values": values,
+            "floor_specs": floor_stats.specs,
+            "floor_kind": "one fake shape inference per node + the built answers' OpSpecs "
+            "rebuilt from recorded placements, metas and cost rows, consumed as built's "
+            "(planner.FloorWalk)",
         }
 
 
-def make_bench(name: str, quick: bool) -> Benchmark:
+def make_bench(
+    name: str,
+    quick: bool,
+    mesh_shape: tuple[int, ...] | None = None,
+    blocks: int | None = None,
+    cap: int | None = None,
+) -> Benchmark:
+    """The benchmark ``name``; the walk options apply to the planner benchmarks only."""
+    if name in PLANNER_BENCHES:
+        return PlannerBench(quick, name == "planner_enumeration_bare", mesh_shape, blocks, cap)
+    if (mesh_shape is not None and tuple(mesh_shape) != MESH_SHAPE) or blocks is not None or cap is not None:
+        raise ValueError(f"{name}: --mesh, --blocks and --cap apply to the planner benchmarks only")
     if name == "eager_dispatch_warm":
         return EagerBench(cold=False)
     if name == "eager_dispatch_cold":
         return EagerBench(cold=True)
-    if name == "planner_enumeration":
-        return PlannerBench(quick)
     raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHES)}")
 
 
@@ -232,9 +328,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     if out.exists():
         out.unlink()  # pyperf refuses to overwrite a result file
-    common.init_fake_process_group()
+    mesh_shape = common.parse_mesh(args.mesh) if args.mesh else None
+    common.init_fake_process_group(common.mesh_world_size(mesh_shape or MESH_SHAPE))
     t0 = time.perf_counter()
-    bench = make_bench(args.bench, args.quick)
+    bench = make_bench(args.bench, args.quick, mesh_shape, args.blocks, args.cap)
     setup_s = time.perf_counter() - t0
 
     runner = pyperf.Runner(processes=1, values=plan.values, warmups=plan.warmups, loops=plan.loops)
@@ -253,6 +350,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if result is None or not out.exists():
         raise RuntimeError(f"{args.bench}: pyperf wrote no result to {out}")
     bench.check()  # what the last measured call computed
+    floor = bench.floor(plan)
     info: dict[str, Any] = {
         "bench": args.bench,
         "role": args.role,
@@ -265,6 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "setup_s": round(setup_s, 3),
         "checks": "passed",
         **bench.info(),
+        **floor,
     }
     if args.memory:
         info.update(bench.memory())
@@ -280,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--info", required=True, help="JSON of counts, checks and memory to write")
     ap.add_argument("--quick", action="store_true", help="tiny plan and model: a smoke run")
     ap.add_argument("--memory", action="store_true", help="also measure peak memory (one extra run)")
+    ap.add_argument("--mesh", help="planner walk: mesh shape, e.g. 8, 2x4, 2x2x2 (default 2x4)")
+    ap.add_argument("--blocks", type=int, help="planner walk: Llama blocks (default 4; --quick 1)")
+    ap.add_argument("--cap", type=int, help="planner walk: candidates per tensor (default 8; --quick 4)")
     args = ap.parse_args(argv)
     info = run(args)
     Path(args.info).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
