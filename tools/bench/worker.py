@@ -71,13 +71,13 @@ BENCHES: dict[str, BenchSpec] = {
         "layer_norm fwd+bwd) on a 2x4 mesh, sharding cache warm; seconds per op list",
     ),
     "eager_dispatch_cold": BenchSpec(
-        1.10,
+        0.90,
         Plan(warmups=1, values=8, loops=3),
         Plan(warmups=0, values=2, loops=1),
         "the same op list with DTensor's sharding caches cleared before each call",
     ),
     "planner_enumeration": BenchSpec(
-        0.80,
+        0.50,
         Plan(warmups=1, values=2, loops=1),
         Plan(warmups=0, values=1, loops=1),
         "every node of a traced 4-block Llama step (fwd+bwd) queried with planner "
