@@ -31,7 +31,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import Any
 
 import pyperf
 
+from tools.bench._process import run_worker_process
 from tools.bench.worker import BENCHES, PLANNER_BENCHES
 
 
@@ -99,19 +99,7 @@ def run_worker(
         cmd.append("--quick")
     if repeat == 0:
         cmd.append("--memory")  # one extra measured run, first repeat only
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-               PYTHONDONTWRITEBYTECODE="1")
-    try:
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                              timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        raise SystemExit(f"bench {bench} repeat {repeat + 1} {role}: worker timed out after "
-                         f"{args.timeout} s\n  command: {shlex.join(cmd)}") from None
-    if proc.returncode != 0 or not out.exists() or not info.exists():
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
-        raise SystemExit(f"bench {bench} repeat {repeat + 1} {role}: worker failed "
-                         f"(exit {proc.returncode})\n  command: {shlex.join(cmd)}\n{tail}")
+    run_worker_process(cmd, f"bench {bench} repeat {repeat + 1} {role}", args.timeout, [out, info])
     return pyperf.Benchmark.load(str(out)), json.loads(info.read_text())
 
 

@@ -47,12 +47,13 @@ import math
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tools.bench._process import run_worker_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
@@ -240,19 +241,7 @@ def run_worker(python: str, walk: str, repeat: int, args: argparse.Namespace, wo
            "--cap", str(args.cap), "--values", "1", "--out", str(out)]
     if repeat == 0:
         cmd.append("--memory")
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-               PYTHONDONTWRITEBYTECODE="1")
-    try:
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                              timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        raise SystemExit(f"scaling repeat {repeat + 1} {walk}: worker timed out after "
-                         f"{args.timeout} s\n  command: {shlex.join(cmd)}") from None
-    if proc.returncode != 0 or not out.exists():
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
-        raise SystemExit(f"scaling repeat {repeat + 1} {walk}: worker failed (exit "
-                         f"{proc.returncode})\n  command: {shlex.join(cmd)}\n{tail}")
+    run_worker_process(cmd, f"scaling repeat {repeat + 1} {walk}", args.timeout, [out])
     return json.loads(out.read_text())
 
 

@@ -45,6 +45,8 @@ try:
         OP_MESHES,
         output_tuple,
         QUERY_MODES,
+        STOCK_PYTHON_ENV,
+        stock_python,
         StrategyContractTestBase,
         strategy_registry,
         strategy_schema,
@@ -57,7 +59,6 @@ except ImportError:  # stock torch: only the --eager-worker runs there
 
 aten = torch.ops.aten
 EAGER_FLAG = "--eager-worker"
-STOCK_PYTHON_ENV = "DTENSOR_STOCK_PYTHON"
 REPO_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 )
@@ -120,18 +121,6 @@ def eager_outcomes() -> dict[str, list[str]]:
             except Exception as e:
                 results[f"flash {key}"] = [f"raised {type(e).__name__}"]
     return results
-
-
-def stock_python() -> str | None:
-    """``$DTENSOR_STOCK_PYTHON``, else the stock venv beside the running one."""
-    env = os.environ.get(STOCK_PYTHON_ENV)
-    if env:
-        return env
-    for venv in (sys.prefix + "-stock", os.path.join(REPO_ROOT, ".venv-stock")):
-        candidate = os.path.join(venv, "bin", "python")
-        if os.path.exists(candidate):
-            return candidate
-    return None
 
 
 def run_worker(python: str, stock: bool) -> dict[str, list[str]]:
@@ -313,7 +302,7 @@ class TestAttentionResultSpecs(StrategyContractTestBase):
 
     def test_eager_matches_stock(self) -> None:
         """Eager forward, backward and autograd hand back what stock DTensor does."""
-        python = stock_python()
+        python = stock_python(os.path.join(REPO_ROOT, ".venv-stock"))
         if python is None:
             self.skipTest(f"no stock torch interpreter (set ${STOCK_PYTHON_ENV})")
         built = eager_outcomes()

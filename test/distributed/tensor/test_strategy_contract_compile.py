@@ -63,6 +63,8 @@ from torch.utils import _pytree as pytree
 
 try:
     from torch.testing._internal.distributed._tensor.contract_common import (
+        STOCK_PYTHON_ENV,
+        stock_python,
         StrategyContractTestBase,
     )
 except ImportError:  # stock torch: only the --capture-guards worker runs there
@@ -79,7 +81,6 @@ MESHES: dict[str, tuple[int, ...]] = {"1d": (4,), "2d": (2, 2)}
 # dynamic (automatic dynamic on the subclass' inner tensor), the third hits.
 BATCH_SIZES: tuple[int, ...] = (8, 12, 20)
 CAPTURE_FLAG = "--capture-guards"
-STOCK_PYTHON_ENV = "DTENSOR_STOCK_PYTHON"
 REPO_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 )
@@ -243,20 +244,6 @@ def guard_capture_worker(out_path: str) -> None:
             results[f"{backend}/{mesh_key}"] = capture_guards(backend, mesh).as_json()
     with open(out_path, "w") as f:
         json.dump(results, f)
-
-
-def stock_python() -> str | None:
-    """The stock torch interpreter: ``$DTENSOR_STOCK_PYTHON``, else the stock venv
-    beside the running one (``.venv`` -> ``.venv-stock``, ``.venv-2.14.1`` ->
-    ``.venv-2.14.1-stock``), else ``.venv-stock``."""
-    env = os.environ.get(STOCK_PYTHON_ENV)
-    if env:
-        return env
-    for venv in (sys.prefix + "-stock", os.path.join(REPO_ROOT, ".venv-stock")):
-        candidate = os.path.join(venv, "bin", "python")
-        if os.path.exists(candidate):
-            return candidate
-    return None
 
 
 def _worker_env(stock: bool) -> dict[str, str]:
@@ -615,7 +602,7 @@ class TestGuardsMatchStock(TestCase):
     def test_guards_and_recompiles_match_stock(self) -> None:
         """Same number of compiled frames, graph breaks and, per frame, the same
         guards (normalised, see :func:`normalize_guards`) on built as on stock."""
-        stock = stock_python()
+        stock = stock_python(os.path.join(REPO_ROOT, ".venv-stock"))
         if stock is None:
             self.skipTest(
                 f"no stock torch interpreter: set {STOCK_PYTHON_ENV} or build "

@@ -12,7 +12,9 @@ contract checker) and is re-exported here.
 """
 
 import math
+import os
 import random
+import sys
 import unittest
 from collections.abc import Callable, Iterable, Sequence
 from typing import cast, TypeVar
@@ -191,6 +193,25 @@ QUERY_MODES = ("replicate", "sharded", "planner")
 PLANNER_CANDIDATE_LIMIT = 12
 
 Candidates = Callable[[DeviceMesh, TensorMeta], Sequence[Sequence[Placement]]]
+
+
+# Tests that compare with stock torch run it in another interpreter, named by this
+# variable when it is not the stock venv beside the running one.
+STOCK_PYTHON_ENV = "DTENSOR_STOCK_PYTHON"
+
+
+def stock_python(fallback_venv: str) -> str | None:
+    """The stock torch interpreter: ``$DTENSOR_STOCK_PYTHON``, else the stock venv
+    beside the running one (``.venv`` -> ``.venv-stock``, ``.venv-2.14.1`` ->
+    ``.venv-2.14.1-stock``), else ``fallback_venv``'s; ``None`` if there is none."""
+    env = os.environ.get(STOCK_PYTHON_ENV)
+    if env:
+        return env
+    for venv in (sys.prefix + "-stock", fallback_venv):
+        candidate = os.path.join(venv, "bin", "python")
+        if os.path.exists(candidate):
+            return candidate
+    return None
 
 
 def mesh_name(shape: tuple[int, ...]) -> str:

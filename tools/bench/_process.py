@@ -1,0 +1,34 @@
+"""Running one benchmark worker process, as the orchestrators do.
+
+``python -m tools.bench`` and ``python -m tools.bench.scaling`` both start each
+measured side in its own interpreter, with the same quiet environment (one
+intra-op thread, no warnings, no bytecode writes) and the same failure report.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_worker_process(cmd: list[str], what: str, timeout: float, outputs: list[Path]) -> None:
+    """Run ``cmd`` from the repository root; SystemExit naming ``what`` unless it exits 0
+    and leaves every file of ``outputs``."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               PYTHONDONTWRITEBYTECODE="1")
+    try:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{what}: worker timed out after {timeout} s\n"
+                         f"  command: {shlex.join(cmd)}") from None
+    if proc.returncode != 0 or not all(f.exists() for f in outputs):
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
+        raise SystemExit(f"{what}: worker failed (exit {proc.returncode})\n"
+                         f"  command: {shlex.join(cmd)}\n{tail}")
