@@ -39,7 +39,7 @@ from typing import Any
 
 import pyperf
 
-from tools.bench._process import run_worker_process
+from tools.bench._process import resolve_python, run_worker_process
 from tools.bench.worker import BENCHES, PLANNER_BENCHES
 
 
@@ -74,15 +74,6 @@ class SideResult:
     def merged(self) -> pyperf.Benchmark:
         """Every repeat's runs in one pyperf Benchmark (for the side's suite file)."""
         return pyperf.Benchmark([run for b in self.benches for run in b.get_runs()])
-
-
-def resolve_python(path: str, role: str) -> str:
-    py = Path(path)
-    if not py.is_absolute():
-        py = REPO_ROOT / py
-    if not py.exists():
-        raise SystemExit(f"{role} python not found: {py} (run `make build`, or pass --{role}-python)")
-    return str(py)
 
 
 def run_worker(

@@ -32,3 +32,14 @@ def run_worker_process(cmd: list[str], what: str, timeout: float, outputs: list[
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
         raise SystemExit(f"{what}: worker failed (exit {proc.returncode})\n"
                          f"  command: {shlex.join(cmd)}\n{tail}")
+
+
+def resolve_python(path: str, role: str) -> str:
+    """``path`` (relative to the repository root) if that interpreter exists, else
+    SystemExit saying how to get it."""
+    py = Path(path)
+    if not py.is_absolute():
+        py = REPO_ROOT / py
+    if not py.exists():
+        raise SystemExit(f"{role} python not found: {py} (run `make build`, or pass --{role}-python)")
+    return str(py)

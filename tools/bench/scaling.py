@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.bench._process import run_worker_process
+from tools.bench._process import resolve_python, run_worker_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
@@ -317,15 +317,6 @@ def markdown(entries: list[dict[str, Any]], walks: list[str]) -> str:
         row += [fmt_ratio(e.get("built_over_stock")), fmt_ratio(e.get("built_over_bare"))]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
-
-
-def resolve_python(path: str, role: str) -> str:
-    py = Path(path)
-    if not py.is_absolute():
-        py = REPO_ROOT / py
-    if not py.exists():
-        raise SystemExit(f"{role} python not found: {py} (run `make build`, or pass --{role}-python)")
-    return str(py)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -926,7 +926,7 @@ class TestRedistributeCostCache(StrategyContractTestBase):
         for _ in range(2):  # computed, then served from the cache
             for src, dst in self.pairs():
                 self.assertEqual(
-                    cache.cached_redistribute_cost(src, dst),
+                    cache.CostRows((src,)).row(dst)[0],
                     redistribute_cost(src, dst),
                     f"{src} -> {dst}",
                 )
@@ -941,7 +941,7 @@ class TestRedistributeCostCache(StrategyContractTestBase):
         pairs = self.pairs()
         with mock.patch.object(cache._costs, "max_size", 5):
             for src, dst in pairs:
-                cache.cached_redistribute_cost(src, dst)
+                cache.CostRows((src,)).row(dst)
                 self.assertLessEqual(cache.cost_cache_size(), 5)
         cache.clear_cost_cache()
 

@@ -544,7 +544,7 @@ class TestCachesStayBounded(ThreadsTestBase):
             pairs += [(a, b) for a in specs for b in specs]
         self.assertGreater(len(pairs), 8 * self.BOUND)
         calls = [
-            lambda a=a, b=b: _redistribute_cost_cache.cached_redistribute_cost(a, b)
+            lambda a=a, b=b: _redistribute_cost_cache.CostRows((a,)).row(b)
             for a, b in pairs
         ]
         with mock.patch.object(_redistribute_cost_cache._costs, "max_size", self.BOUND):

@@ -29,7 +29,6 @@ from torch.distributed.tensor._ops._bounded_cache import BoundedCache
 
 __all__ = [
     "CostRows",
-    "cached_redistribute_cost",
     "clear_cost_cache",
     "cost_cache_size",
 ]
@@ -82,11 +81,6 @@ class CostRows:
         key = (self._number, dst.mesh, dst.placements, dst.shard_order)
         # A planner may edit the costs it is handed; a row is shared by many specs.
         return list(_costs.get_or_compute(key, _row, self._sources, dst))
-
-
-def cached_redistribute_cost(src: DTensorSpec, dst: DTensorSpec) -> float:
-    """``redistribute_cost(src, dst)``, served from the row cache."""
-    return CostRows((src,)).row(dst)[0]
 
 
 def clear_cost_cache() -> None:
