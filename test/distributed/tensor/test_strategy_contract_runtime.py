@@ -1039,6 +1039,44 @@ class TestExpansionFilters(StrategyContractTestBase):
         self.assertIn((S0, R), outputs)
         self.assertFalse(any(Shard(1) in p for p in outputs), outputs)
 
+    def test_subclass_placements_keep_their_own_id(self) -> None:
+        from torch.distributed.tensor._ops._expansion_positions import placement_ids
+        from torch.distributed.tensor.placement_types import _StridedShard
+
+        strided = _StridedShard(0, split_factor=2)
+        rule_ids, by_id = placement_ids([[S0, S0], [strided, S0], [Shard(0), R]])
+        # equal Shard(0)s share an id; the strided shard of dim 0 does not
+        self.assertEqual(rule_ids[0][0], rule_ids[2][0])
+        self.assertNotEqual(rule_ids[0][0], rule_ids[1][0])
+        self.assertIs(by_id[0][rule_ids[1][0]], strided)
+        self.assertEqual(len(by_id[1]), 2)
+
+    def test_specs_shared_by_combinations_keep_their_own_costs(self) -> None:
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+        mesh = self.mesh((2, 2))
+        schema = strategy_schema(
+            mesh,
+            aten.add.Tensor,
+            (torch.empty(8, 4), torch.empty(8, 4)),
+            candidates=capped_candidates(4),
+        )
+        # every rule replicates the second input: all combinations share its spec
+        rules = [[S0, S0, R], [Shard(1), Shard(1), R], [R, R, R]]
+        strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
+        specs = strategy.strategies
+        self.assertEqual(len(specs), 9)
+        rows = [spec.redistribute_cost[1] for spec in specs]
+        self.assertEqual(len({id(row) for row in rows}), len(rows))
+        before = list(rows[1])
+        rows[0][0] = -1.0  # a planner editing one spec's costs
+        self.assertEqual(rows[1], before)
+        for spec in specs:
+            self.assertEqual(spec.input_specs[1].placements, (R, R))
+            self.assertEqual(
+                spec.input_specs[1].tensor_meta, schema.args_schema[1].strategies[0].output_spec.tensor_meta
+            )
+
 
 # ---------------------------------------------------------------------------
 # Decomposition-derived strategies: what eager dispatch traces
