@@ -14,7 +14,8 @@
 #   make test             build, then per release the full check-stack (every contract test file once,
 #                         at the step that adds it), then tools/test once
 #   make audit            build, then run tools.audit per release (STRICT=1, OPS=...)
-#   make bench            build, then run tools.bench per release, stock vs built (STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
+#   make bench            build, then run tools.bench per release, stock vs built (STRICT=1, BENCH=..., REPEATS=N, QUICK=1,
+#                         CLOCK=wall: check wall time instead of each worker's CPU time; both are printed)
 #   make bench-scaling    build, then per release the planner walk on meshes of 1-4 dims and 2/8 blocks,
 #                         stock+repair, stock bare and built (tools.bench.scaling; REPEATS=N, CONFIGS=..., CAP=N, QUICK=1)
 #   make lint             ruff, flake8 and mypy on what the change touches (tools/lint.py; linters in .venv-lint)
@@ -61,7 +62,7 @@ audit: build
 	$(foreach r,$(RELEASE_LIST),$(VENV)/bin/python -m tools.audit --parity --stock-python $(call stock_python,$(r)) --built-python $(call built_python,$(r)) --report-name audit$(call rel_suffix,$(r)) --build-dir .build/audit$(call rel_suffix,$(r)) $(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)") &&) true
 
 bench: build
-	$(foreach r,$(RELEASE_LIST),$(VENV)/bin/python -m tools.bench --stock-python $(call stock_python,$(r)) --built-python $(call built_python,$(r)) --out reports/bench$(call rel_suffix,$(r)).json --work-dir .build/bench$(call rel_suffix,$(r)) $(if $(STRICT),--strict) $(if $(BENCH),--bench "$(BENCH)") $(if $(REPEATS),--repeats $(REPEATS)) $(if $(QUICK),--quick) &&) true
+	$(foreach r,$(RELEASE_LIST),$(VENV)/bin/python -m tools.bench --stock-python $(call stock_python,$(r)) --built-python $(call built_python,$(r)) --out reports/bench$(call rel_suffix,$(r)).json --work-dir .build/bench$(call rel_suffix,$(r)) $(if $(STRICT),--strict) $(if $(BENCH),--bench "$(BENCH)") $(if $(REPEATS),--repeats $(REPEATS)) $(if $(QUICK),--quick) $(if $(CLOCK),--clock $(CLOCK)) &&) true
 
 bench-scaling: build
 	$(foreach r,$(RELEASE_LIST),$(VENV)/bin/python -m tools.bench.scaling --stock-python $(call stock_python,$(r)) --built-python $(call built_python,$(r)) --out reports/scaling$(call rel_suffix,$(r)).json --work-dir .build/scaling$(call rel_suffix,$(r)) $(if $(REPEATS),--repeats $(REPEATS)) $(if $(CONFIGS),--configs "$(CONFIGS)") $(if $(CAP),--cap $(CAP)) $(if $(QUICK),--quick) &&) true

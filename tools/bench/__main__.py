@@ -12,7 +12,10 @@ under the stock python and once under the built python, as separate processes,
 alternating stock, built, stock, built, ... so that drift on a shared machine
 hits both sides alike. Each worker times with pyperf (worker mode, fixed
 warmups/values/loops) and writes pyperf JSON, read back here with
-``pyperf.Benchmark``. Per side, the median is taken over every value of every
+``pyperf.Benchmark``. The values are on ``--clock``: ``cpu``, each worker's
+CPU time (the default: on a shared machine, time spent waiting for a core is in
+wall time but is no side's work), or ``wall``; every worker reads both clocks,
+and the other clock's ratio is reported beside the checked one. Per side, the median is taken over every value of every
 repeat; the spread is that of the per-repeat medians (relative stdev and
 min-max); the ratio is built/stock and is checked against the target. The
 planner benchmarks' built workers also time the floor (``planner.FloorWalk``):
@@ -40,7 +43,7 @@ from typing import Any
 import pyperf
 
 from tools.bench._process import resolve_python, run_worker_process
-from tools.bench.worker import BENCHES, PLANNER_BENCHES
+from tools.bench.worker import BENCHES, CLOCKS, DEFAULT_CLOCK, PLANNER_BENCHES
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +68,10 @@ class SideResult:
     def median(self) -> float:
         return statistics.median(self.values)
 
+    def clock_repeat_medians(self, clock: str) -> list[float]:
+        """Per repeat, the median of that clock's values (the workers keep both)."""
+        return [statistics.median(i["values_by_clock"][clock]) for i in self.infos]
+
     def spread(self) -> dict[str, float]:
         meds = self.repeat_medians
         mean = statistics.fmean(meds)
@@ -85,7 +92,7 @@ def run_worker(
     for f in (out, info):
         f.unlink(missing_ok=True)
     cmd = [python, "-m", "tools.bench.worker", "--bench", bench, "--role", role,
-           "--out", str(out), "--info", str(info)]
+           "--out", str(out), "--info", str(info), "--clock", args.clock]
     if args.quick:
         cmd.append("--quick")
     if repeat == 0:
@@ -106,8 +113,10 @@ def fmt_spread(s: dict[str, float]) -> str:
     return f"±{100 * s['rel_stdev']:.1f}% ({fmt_s(s['min_s'])}–{fmt_s(s['max_s'])})"
 
 
-def summarize(name: str, sides: dict[str, SideResult], repeats: int, command: str) -> dict[str, Any]:
-    """The reports/bench.json entry of one benchmark."""
+def summarize(
+    name: str, sides: dict[str, SideResult], repeats: int, command: str, clock: str
+) -> dict[str, Any]:
+    """The reports/bench.json entry of one benchmark; its times are ``clock``'s."""
     stock, built = sides["stock"], sides["built"]
     stock_s, built_s = stock.median(), built.median()
     # The headline ratio pairs each repeat's stock and built workers (run back to
@@ -130,6 +139,16 @@ def summarize(name: str, sides: dict[str, SideResult], repeats: int, command: st
         },
         "target": target,
         "pass": ratio <= target,
+        "clock": clock,
+        # The same workers' ratio on every clock (the checked one included), paired
+        # per repeat as above: what the other clock says about the same runs.
+        "ratio_by_clock": {
+            c: statistics.median(
+                b / s
+                for s, b in zip(stock.clock_repeat_medians(c), built.clock_repeat_medians(c))
+            )
+            for c in CLOCKS
+        },
         "repeats": repeats,
         "values_per_repeat": len(stock.benches[0].get_values()),
         "loops_per_value": stock.infos[0]["plan"]["loops"],
@@ -172,7 +191,7 @@ def floor_summary(built: SideResult) -> dict[str, Any]:
 
 def table(entries: list[dict[str, Any]]) -> str:
     headers = ["benchmark", "stock median", "stock spread", "built median", "built spread",
-               "built/stock", "per-repeat", "target", "result", "built/floor", "floor"]
+               "built/stock", "per-repeat", "target", "result", "other clock", "built/floor", "floor"]
     rows = [headers]
     for e in entries:
         pr = e["spread"]["ratio_per_repeat"]
@@ -185,7 +204,9 @@ def table(entries: list[dict[str, Any]]) -> str:
             e["name"], fmt_s(e["stock_s"]), fmt_spread(e["spread"]["stock"]),
             fmt_s(e["built_s"]), fmt_spread(e["spread"]["built"]), f"{e['ratio']:.3f}",
             f"{pr['min']:.3f}–{pr['max']:.3f}", f"<= {e['target']:.2f}",
-            "PASS" if e["pass"] else "FAIL", *floor,
+            "PASS" if e["pass"] else "FAIL",
+            ", ".join(f"{c} {r:.3f}" for c, r in e["ratio_by_clock"].items() if c != e["clock"]),
+            *floor,
         ])
     widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -230,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny plans and model: a smoke run")
     ap.add_argument("--strict", action="store_true", help="exit 1 if a ratio misses its target")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker process")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default=DEFAULT_CLOCK,
+                    help="the clock times and targets are on: cpu (each worker's CPU time, "
+                    "default) or wall; the other clock's ratio is printed beside it")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
@@ -242,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     command = "python -m tools.bench " + shlex.join(
         (["--bench", ",".join(names)] if args.bench else [])
-        + ["--repeats", str(args.repeats)] + (["--quick"] if args.quick else []))
-    print(f"[bench] {', '.join(names)}; {args.repeats} repeats; load average "
+        + ["--repeats", str(args.repeats), "--clock", args.clock]
+        + (["--quick"] if args.quick else []))
+    print(f"[bench] {', '.join(names)}; {args.repeats} repeats, {args.clock} clock; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores",
           file=sys.stderr, flush=True)
 
@@ -265,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] warning: stock and built workers report the same torch "
                   f"(has_change={sides['stock'].infos[0]['has_change']}); the ratio compares "
                   f"a torch with itself", file=sys.stderr)
-        entries.append(summarize(name, sides, args.repeats, command))
+        entries.append(summarize(name, sides, args.repeats, command, args.clock))
         merged[name] = {r: sides[r].merged() for r in ROLES}
 
     for role in ROLES:  # this invocation's benchmarks, for `python -m pyperf compare_to`

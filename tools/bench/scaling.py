@@ -35,6 +35,10 @@ over repeats), specs per node, fallbacks, the tracemalloc peak and
 peak per returned spec, and the built/stock and built/bare ratios (median of
 the per-repeat ratios, and their range).
 
+Times are each worker's CPU time (the benchmarks' default clock, see
+``tools.bench.worker.CLOCKS``), so that other processes on a shared machine do
+not count as any side's work.
+
 Writes ``--out`` (JSON, default ``reports/scaling.json``) and the same table
 as markdown next to it (``.md``).
 """
@@ -54,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench._process import resolve_python, run_worker_process
+from tools.bench.worker import DEFAULT_CLOCK
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
@@ -383,10 +388,11 @@ def main(argv: list[str] | None = None) -> int:
              "--sides", ",".join(walks)]),
         "cap": args.cap,
         "repeats": args.repeats,
+        "clock": DEFAULT_CLOCK,
         "torch": {w: docs[w][0]["torch"] + (" + change" if docs[w][0]["has_change"] else "")
                   for w in walks},
         "wall_s": round(time.monotonic() - t_start, 1),
-        "what": "per configuration and side: walk time (median over repeats; spread: relative "
+        "what": f"per configuration and side: walk time ({DEFAULT_CLOCK} clock; median over repeats; spread: relative "
         "stdev and min-max over repeats), per node, specs per node, tracemalloc peak of one "
         "cold walk and that peak per returned spec; built/stock and built/bare: median and "
         "range of the per-repeat ratios",

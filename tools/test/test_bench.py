@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -30,7 +31,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 
 from tools.bench import cache_sizing, common, model, planner, scaling
 from tools.bench.__main__ import floor_summary, main as bench_main, SideResult
-from tools.bench.worker import BENCHES, PLANNER_BENCHES
+from tools.bench.worker import BENCHES, Benchmark, PLANNER_BENCHES, Stopwatch
 
 
 ENTRY_KEYS = {"name", "stock_s", "built_s", "ratio", "spread", "target", "pass", "repeats"}
@@ -70,6 +71,27 @@ class TestBench(TestCase):
         self.assertIn("eager_dispatch_warm", proc.stdout)
         self.assertRegex(proc.stdout, r"(PASS|FAIL)")
         self.assertEqual(suites, ["built.pyperf.json", "stock.pyperf.json"])
+        # pyperf's values are on the default clock, and both clocks' ratios are kept
+        self.assertEqual(entry["clock"], "cpu")
+        self.assertEqual(set(entry["ratio_by_clock"]), {"cpu", "wall"})
+        self.assertAlmostEqual(entry["ratio_by_clock"]["cpu"], entry["ratio"])
+        self.assertRegex(proc.stdout, r"wall \d+\.\d{3}")
+
+    def test_a_value_keeps_both_clocks_and_returns_the_chosen_one(self) -> None:
+        bench = Benchmark()
+        watch = Stopwatch()
+        with watch:
+            deadline = time.process_time() + 0.05
+            while time.process_time() < deadline:
+                pass
+        with watch:
+            time.sleep(0.05)  # waiting: wall time, no CPU time
+        self.assertGreaterEqual(watch.seconds["wall"], 0.1)
+        self.assertLess(watch.seconds["cpu"], watch.seconds["wall"] - 0.03)
+        self.assertEqual(bench.timed(watch), watch.seconds["cpu"])
+        bench.clock = "wall"
+        self.assertEqual(bench.timed(watch), watch.seconds["wall"])
+        self.assertEqual(bench.clock_values, [watch.seconds, watch.seconds])
 
     def test_unknown_benchmark_is_named(self) -> None:
         with self.assertRaisesRegex(SystemExit, "unknown benchmark.*nope"):
