@@ -6,8 +6,7 @@ strategies, before any registry calls it.
 
 What it completes (output metas, ``None`` results, input specs, cost rows), what
 it passes through untouched, what it rejects naming op, strategy, OpSpec and
-position, what eager dispatch keeps using as stock does, and the caches it owns
-(``BoundedCache``, the output-meta cache).
+position, and what eager dispatch keeps using as stock does.
 """
 
 from collections.abc import Callable
@@ -22,7 +21,6 @@ from torch.distributed.tensor._op_schema import (
     TupleStrategy,
 )
 from torch.distributed.tensor._ops import _finalize_strategy as fin
-from torch.distributed.tensor._ops._bounded_cache import BoundedCache
 from torch.distributed.tensor._ops.strategy_contract import (
     infer_output_metas,
     tensor_inputs,
@@ -32,7 +30,6 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
-    TestCase,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
     planner_candidates,
@@ -219,47 +216,6 @@ class TestFinalizeStrategy(StrategyContractTestBase):
         self.assert_contract(schema, func(schema))
         # keepdim and dtype, left out of the call, are filled with their defaults
         self.assertEqual(seen[0].args_schema[2:], (False,))
-
-    def test_data_dependent_metas_not_cached(self) -> None:
-        """Unbacked sizes belong to one inference's ShapeEnv: handed out, never kept."""
-        fin.clear_meta_cache()
-        x = torch.randn(4, 3)
-        metas = fin.output_metas_for(strategy_schema(self.mesh((2,)), aten.nonzero.default, (x,)))
-        self.assertFalse(fin._all_sizes_concrete(metas), metas)
-        self.assertEqual(fin.meta_cache_size(), 0)
-        fin.output_metas_for(strategy_schema(self.mesh((2,)), aten.relu.default, (x,)))
-        self.assertEqual(fin.meta_cache_size(), 1)
-        fin.clear_meta_cache()
-
-
-class TestBoundedCache(TestCase):
-    """The cache class behind the output-meta and cost caches."""
-
-    def test_oldest_entry_evicted_at_the_bound(self) -> None:
-        cache: BoundedCache[int, int] = BoundedCache(3)
-        computed: list[int] = []
-        for k in (1, 2, 3, 1, 4, 1):
-            self.assertEqual(cache.get_or_compute(k, lambda k=k: computed.append(k) or k * k), k * k)
-        # 1, 2, 3 computed; 1 served; 4 evicts 1 (the oldest); 1 computed again
-        self.assertEqual(computed, [1, 2, 3, 4, 1])
-        self.assertEqual([k for k, _ in cache.items()], [3, 4, 1])
-        cache.clear()
-        self.assertEqual(len(cache), 0)
-
-    def test_unhashable_key_computed_not_stored(self) -> None:
-        cache: BoundedCache[object, int] = BoundedCache(4)
-        calls = []
-        for _ in range(2):
-            self.assertEqual(cache.get_or_compute([1, 2], lambda: calls.append(1) or 7), 7)
-        self.assertEqual((len(calls), len(cache)), (2, 0))
-
-    def test_keep_decides_what_is_stored(self) -> None:
-        cache: BoundedCache[int, int] = BoundedCache(4)
-        for k in range(4):
-            cache.get_or_compute(k, lambda k=k: k, keep=lambda v: v % 2 == 0)
-        self.assertEqual([k for k, _ in cache.items()], [0, 2])
-        with self.assertRaisesRegex(ValueError, "max_size must be positive, got 0"):
-            BoundedCache(0)
 
 
 instantiate_parametrized_tests(TestFinalizeStrategy)
