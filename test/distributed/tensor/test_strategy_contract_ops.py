@@ -26,19 +26,15 @@ that step, with the same helpers (``contract_common.StrategyOpsTestBase``):
 ``test_strategy_contract_{math,tensor,view,matrix}_ops.py``.
 """
 
-from collections.abc import Sequence
 
 import torch
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import distribute_tensor, DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
     OpSchema,
     OpSpec,
     OpStrategy,
-    StrategyType,
-    TupleStrategy,
 )
 from torch.distributed.tensor._ops._finalize_strategy import StrategyContractError
 from torch.distributed.tensor._ops.strategy_contract import (
@@ -63,7 +59,6 @@ from torch.testing._internal.distributed._tensor.contract_common import (
     planner_candidates,
     query_strategy,
     sampled_planner_candidates,
-    sharded_candidate,
     strategy_registry,
     strategy_schema,
     StrategyOpsTestBase,

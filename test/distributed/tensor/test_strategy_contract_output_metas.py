@@ -9,7 +9,6 @@ cache behind it all.
 """
 
 import torch
-from torch.distributed.tensor._op_schema import OpSchema
 from torch.distributed.tensor._ops import _output_metas as om
 from torch.distributed.tensor._ops._bounded_cache import BoundedCache
 from torch.testing._internal.common_utils import (

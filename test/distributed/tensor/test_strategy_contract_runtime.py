@@ -27,7 +27,6 @@ from unittest import mock
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._decompositions import DecompShardingStrategy
-from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._op_schema import OpSchema
 from torch.distributed.tensor._ops import strategy_contract
 from torch.distributed.tensor._ops.single_dim_strategy import (
@@ -49,7 +48,6 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
-    TestCase,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
     answered_by,
@@ -115,7 +113,7 @@ def count_inferences(propagator: ShardingPropagator) -> Iterator[InferenceCounts
 
     Shape inference is counted at ``strategy_contract.infer_output_metas``, the one
     function that runs an op on fake tensors for output metadata. Callers import it
-    by name: ``_finalize_strategy`` at module import, ``_sharding_prop`` lazily inside
+    by name: ``_output_metas`` at module import, ``_sharding_prop`` lazily inside
     ``_propagate_tensor_meta_non_cached`` (which reads the ``strategy_contract``
     attribute at call time), the test harness at import. Patching a single module
     attribute would miss the by-name bindings, so every loaded module whose namespace
@@ -169,8 +167,8 @@ def clear_sharding_caches(propagator: ShardingPropagator) -> None:
     cached_meta = getattr(propagator, "_propagate_tensor_meta_cached", None)
     if cached_meta is not None and hasattr(cached_meta, "cache_clear"):
         cached_meta.cache_clear()
-    # The finalizer's own cache for direct registry calls, if this torch has one.
-    finalize = sys.modules.get("torch.distributed.tensor._ops._finalize_strategy")
+    # The output-meta cache for direct registry calls, if this torch has one.
+    finalize = sys.modules.get("torch.distributed.tensor._ops._output_metas")
     meta_cache = getattr(finalize, "_meta_cache", None)
     if meta_cache is not None:
         meta_cache.clear()

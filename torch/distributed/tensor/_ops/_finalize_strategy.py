@@ -35,8 +35,6 @@ from torch.distributed.tensor._op_schema import (
 )
 from torch.distributed.tensor._ops._output_metas import (
     _eager_dispatch,
-    _META_CACHE_SIZE as _META_CACHE_SIZE,
-    _meta_cache as _meta_cache,
     _query_metas,
     _UNKNOWN,
     answering,
