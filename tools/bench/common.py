@@ -90,10 +90,10 @@ def clear_dtensor_caches() -> list[str]:
         meta_cached.cache_clear()
         cleared.append("tensor_meta")
     try:
-        from torch.distributed.tensor._ops import _finalize_strategy
-    except ImportError:  # stock torch: no finalizer
+        from torch.distributed.tensor._ops import _output_metas
+    except ImportError:  # stock torch: no output-meta cache
         return cleared
-    cache = getattr(_finalize_strategy, "_meta_cache", None)
+    cache = getattr(_output_metas, "_meta_cache", None)
     if cache is not None:
         cache.clear()
         cleared.append("finalize_meta")

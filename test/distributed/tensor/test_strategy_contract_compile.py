@@ -567,7 +567,7 @@ class TestSymbolicStrategies(StrategyContractTestBase):
         ShapeEnv and hand its symbols to another trace), and a planner query made
         inside the trace's fake mode on a symbolic schema gets a complete answer."""
         from torch.distributed.tensor._ops import (
-            _finalize_strategy,
+            _output_metas,
             _redistribute_cost_cache,
         )
         from torch.distributed.tensor._ops.strategy_contract import (
@@ -587,7 +587,7 @@ class TestSymbolicStrategies(StrategyContractTestBase):
             violations = check_strategy_contract(query.schema, strategy, query.expected)
             failures += [f"{query.describe()}: planner {v}" for v in violations]
         for name, cache in (
-            ("_finalize_strategy._meta_cache", _finalize_strategy._meta_cache),
+            ("_output_metas._meta_cache", _output_metas._meta_cache),
             ("_redistribute_cost_cache._costs", _redistribute_cost_cache._costs),
         ):
             leaked = _symbolic_leaves(dict(cache.items()))

@@ -8,10 +8,11 @@ hypothesis pick them: shapes with 0-size and size-1 dims, non-contiguous,
 sliced and expanded (stride 0) strides, several dtypes, 1-D, 2-D and 3-D meshes
 on the harness's fake process group, and candidate placements mixing
 ``Replicate``, ``Shard`` on every dim (uneven and empty shards included),
-``Partial`` and ``_StridedShard``, over a representative op set (one test per
-family: pointwise with broadcasting, in-place and ``out=``, the matmul family,
+``Partial`` and ``_StridedShard``, over a representative op set, one test per
+family: pointwise with broadcasting here; in-place and ``out=``, the matmul family,
 reductions, views, normalization forward and backward with output masks,
-attention, embedding, convolution, foreach).
+attention, embedding, convolution and foreach in test_strategy_contract_fuzz_ops.py,
+which uses this file's machinery (:class:`FuzzTestBase`).
 
 Every generated call is asked twice:
 
@@ -50,8 +51,8 @@ Named outcomes (see :func:`named_outcome`):
 ``StrategyContractError`` names the op too, but it is *not* an accepted outcome
 here: every strategy the fuzzer reaches is DTensor's own, and the finalizer
 rejecting one means DTensor fails an op it registers. Failures found that way
-(and stock bugs the fuzzer reaches) are listed in :data:`KNOWN_FAILURES` /
-:data:`KNOWN_HANGS`, each with its reason and a reproducer; they are counted as
+(and stock bugs the fuzzer reaches) are listed in a test class's ``known_failures``
+/ ``known_hangs``, each with its reason and a reproducer; they are counted as
 known failures in the report, never as passes. A query running longer than
 ``DTENSOR_FUZZ_QUERY_TIMEOUT`` seconds (60) fails as a hang.
 
@@ -134,25 +135,9 @@ aten = torch.ops.aten
 TOTAL_EXAMPLES = int(os.environ.get("DTENSOR_FUZZ_EXAMPLES", "2000"))
 FUZZ_SEED = int(os.environ.get("DTENSOR_FUZZ_SEED", "20261130"))
 
-# Share of the examples per family (sums to 100): more where the op set and the
-# argument space are larger.
-FAMILY_WEIGHTS: dict[str, int] = {
-    "pointwise": 15,
-    "inplace_out": 10,
-    "matmul": 11,
-    "reductions": 12,
-    "views": 15,
-    "normalization": 10,
-    "attention": 6,
-    "embedding": 6,
-    "convolution": 6,
-    "foreach": 9,
-}
-
-
-def examples_for(family: str) -> int:
-    """The family's share of ``TOTAL_EXAMPLES`` (rounded up, so the total is reached)."""
-    return max(1, math.ceil(TOTAL_EXAMPLES * FAMILY_WEIGHTS[family] / 100))
+def examples_for(weight: int) -> int:
+    """A family's share (``weight`` percent) of ``TOTAL_EXAMPLES``, rounded up."""
+    return max(1, math.ceil(TOTAL_EXAMPLES * weight / 100))
 
 
 settings.register_profile(
@@ -169,11 +154,6 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 FUZZ_SETTINGS = settings.get_profile("dtensor_fuzz")
-
-
-def fuzz_settings(family: str) -> settings:
-    """The fixed-seed profile with the family's share of the examples."""
-    return settings(FUZZ_SETTINGS, max_examples=examples_for(family))
 
 
 # ---------------------------------------------------------------------------
@@ -311,402 +291,11 @@ def pointwise_calls(draw: st.DrawFn) -> Call:
     return op, (x,), {"memory_format": fmt}
 
 
-@st.composite
-def inplace_out_calls(draw: st.DrawFn) -> Call:
-    shape = draw(dims(0, 4))
-    kind = draw(st.sampled_from(["inplace", "out"]))
-    if kind == "inplace":
-        op = draw(
-            st.sampled_from(
-                [aten.add_.Tensor, aten.mul_.Tensor, aten.div_.Tensor, aten.relu_.default,
-                 aten.addcmul_.default, aten.copy_.default]
-            )
-        )
-        dtype = draw(st.sampled_from(FLOAT_DTYPES))
-        self_ = draw(tensor_meta(shape, dtype, WRITABLE_LAYOUTS))
-        other_dtype = draw(st.sampled_from(ALL_DTYPES if op == aten.copy_.default else (dtype,) + INT_DTYPES))
-        other = draw(tensor_meta(draw(broadcast_shape(shape)), other_dtype))
-        if op == aten.relu_.default:
-            return op, (self_,), {}
-        if op == aten.addcmul_.default:
-            t2 = draw(tensor_meta(draw(broadcast_shape(shape)), dtype))
-            return op, (self_, other, t2), {"value": 2}
-        return op, (self_, other), {}
-    op = draw(st.sampled_from([aten.add.out, aten.mul.out, aten.exp.out, aten.mm.out]))
-    if op == aten.mm.out:
-        m, k, n = draw(dims(3, 3))
-        dtype = draw(st.sampled_from(FLOAT_DTYPES))
-        a = draw(tensor_meta([m, k], dtype))
-        b = draw(tensor_meta([k, n], dtype))
-        return op, (a, b), {"out": draw(tensor_meta([m, n], dtype, WRITABLE_LAYOUTS))}
-    if op == aten.exp.out:
-        dtype = draw(st.sampled_from(FLOAT_DTYPES))
-        x = draw(tensor_meta(shape, dtype))
-        return op, (x,), {"out": draw(tensor_meta(shape, dtype, WRITABLE_LAYOUTS))}
-    a = draw(tensor_meta(draw(broadcast_shape(shape)), draw(st.sampled_from(FLOAT_DTYPES + INT_DTYPES))))
-    b = draw(tensor_meta(draw(broadcast_shape(shape)), draw(st.sampled_from(FLOAT_DTYPES + INT_DTYPES))))
-    result = list(torch.broadcast_shapes(a.shape, b.shape))
-    out = draw(tensor_meta(result, promote(a.dtype, b.dtype), WRITABLE_LAYOUTS))
-    return op, (a, b), {"out": out}
-
-
-@st.composite
-def matmul_calls(draw: st.DrawFn) -> Call:
-    op = draw(st.sampled_from([aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default]))
-    dtype = draw(st.sampled_from(FLOAT_DTYPES))
-    m, k, n = draw(dims(3, 3))
-    batched = op in (aten.bmm.default, aten.baddbmm.default)
-    lead = [draw(st.sampled_from(DIM_SIZES))] if batched else []
-    a = draw(tensor_meta(lead + [m, k], dtype))
-    b = draw(tensor_meta(lead + [k, n], dtype))
-    if op in (aten.mm.default, aten.bmm.default):
-        return op, (a, b), {}
-    bias = draw(tensor_meta(draw(broadcast_shape(lead + [m, n])), dtype))
-    kwargs = {}
-    if draw(st.booleans()):
-        kwargs = {"beta": draw(st.sampled_from([0.5, 0])), "alpha": 2}
-    return op, (bias, a, b), kwargs
-
-
-@st.composite
-def reduction_calls(draw: st.DrawFn) -> Call:
-    op = draw(
-        st.sampled_from(
-            [aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.max.dim,
-             aten.var.correction, aten.sum.default, aten.argmax.default, aten.prod.dim_int,
-             aten.any.dim, aten.min.dim, aten.logsumexp.default,
-             aten.linalg_vector_norm.default, aten.cumsum.default]
-        )
-    )
-    needs_float = op in (aten.mean.dim, aten.var.correction, aten.logsumexp.default, aten.linalg_vector_norm.default)
-    # ops without an identity (max, argmax, ...) cannot reduce an empty dim
-    no_empty = op in (aten.amax.default, aten.max.dim, aten.argmax.default, aten.min.dim)
-    shape = draw(dims(0, 4, [s for s in DIM_SIZES if s > 0] if no_empty else DIM_SIZES))
-    dtype = draw(st.sampled_from(FLOAT_DTYPES if needs_float else ALL_DTYPES[:-1] if op != aten.any.dim else ALL_DTYPES))
-    x = draw(tensor_meta(shape, dtype))
-    n = len(shape)
-    keepdim = draw(st.booleans())
-    one_dim = draw(st.integers(-n, n - 1)) if n > 0 else 0
-    subset = sorted(draw(st.sets(st.integers(0, n - 1), max_size=n))) if n > 0 else []
-    if op == aten.sum.default:
-        return op, (x,), {}
-    if op in (aten.max.dim, aten.min.dim, aten.prod.dim_int, aten.any.dim):
-        return op, (x, one_dim, keepdim), {}
-    if op == aten.cumsum.default:
-        return op, (x, one_dim), {}
-    if op == aten.argmax.default:
-        return op, (x, draw(st.sampled_from([None, one_dim])), keepdim), {}
-    if op == aten.var.correction:
-        return op, (x, subset or None), {"correction": draw(st.sampled_from([0, 1])), "keepdim": keepdim}
-    if op == aten.linalg_vector_norm.default:
-        return op, (x, draw(st.sampled_from([2, 1]))), {"dim": subset or None, "keepdim": keepdim}
-    if op == aten.amax.default:
-        return op, (x, subset, keepdim), {}
-    return op, (x, subset, keepdim), {}
-
-
-@st.composite
-def reshaped(draw: st.DrawFn, shape: Sequence[int]) -> list[int]:
-    """A shape with ``shape``'s number of elements: dims merged, split, 1s added or dropped."""
-    target = list(shape)
-    for _ in range(draw(st.integers(0, 3))):
-        move = draw(st.sampled_from(["merge", "split", "insert1", "drop1"]))
-        if move == "merge" and len(target) >= 2:
-            i = draw(st.integers(0, len(target) - 2))
-            target[i : i + 2] = [target[i] * target[i + 1]]
-        elif move == "split" and target:
-            i = draw(st.integers(0, len(target) - 1))
-            factor = draw(st.sampled_from([2, 3]))
-            if target[i] % factor == 0 and target[i] > 0:
-                target[i : i + 1] = [factor, target[i] // factor]
-        elif move == "insert1":
-            target.insert(draw(st.integers(0, len(target))), 1)
-        elif move == "drop1" and 1 in target:
-            target.remove(1)
-    if target and 0 not in target and draw(st.booleans()):
-        target[draw(st.integers(0, len(target) - 1))] = -1
-    return target
-
-
-@st.composite
-def view_calls(draw: st.DrawFn) -> Call:
-    op = draw(
-        st.sampled_from(
-            [aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-             aten.transpose.int, aten.t.default, aten.permute.default, aten.expand.default,
-             aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.select.int,
-             aten.slice.Tensor, aten.split.Tensor, aten.unbind.int, aten.alias.default,
-             aten.diagonal.default]
-        )
-    )
-    min_dims = {aten.transpose.int: 1, aten.select.int: 1, aten.slice.Tensor: 1, aten.split.Tensor: 1,
-                aten.unbind.int: 1, aten.diagonal.default: 2}.get(op, 0)
-    max_dims = 2 if op == aten.t.default else 4
-    shape = draw(dims(min_dims, max_dims))
-    dtype = draw(st.sampled_from(ALL_DTYPES))
-    # view needs strides compatible with the new shape; mostly give it contiguous ones
-    layouts = ("contiguous", "contiguous") + LAYOUTS if op == aten.view.default else LAYOUTS
-    x = draw(tensor_meta(shape, dtype, layouts))
-    n = len(shape)
-
-    def a_dim(allow_end: bool = False) -> int:
-        return draw(st.integers(-n - int(allow_end), n - 1 + int(allow_end)))
-
-    if op in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
-        return op, (x, draw(reshaped(shape))), {}
-    if op == aten.transpose.int:
-        return op, (x, a_dim(), a_dim()), {}
-    if op in (aten.t.default, aten.alias.default):
-        return op, (x,), {}
-    if op == aten.permute.default:
-        return op, (x, list(draw(st.permutations(range(n))))), {}
-    if op == aten.expand.default:
-        lead = draw(dims(0, 2, [s for s in DIM_SIZES if s > 0]))
-        sizes = [draw(st.sampled_from([s, 3, -1])) if s == 1 else draw(st.sampled_from([s, -1])) for s in shape]
-        return op, (x, lead + sizes), {}
-    if op == aten.unsqueeze.default:
-        return op, (x, a_dim(allow_end=True)), {}
-    if op == aten.squeeze.dim:
-        return op, (x, a_dim() if n > 0 else 0), {}
-    if op == aten.squeeze.dims:
-        return op, (x, sorted(draw(st.sets(st.integers(0, n - 1), max_size=n))) if n > 0 else []), {}
-    if op == aten.select.int:
-        d = draw(st.integers(0, n - 1))
-        if shape[d] == 0:
-            reject()
-        return op, (x, d, draw(st.integers(-shape[d], shape[d] - 1))), {}
-    if op == aten.slice.Tensor:
-        d = a_dim()
-        start = draw(st.sampled_from([None, 0, 1, -2]))
-        end = draw(st.sampled_from([None, 2, -1, 2**62]))
-        return op, (x, d, start, end, draw(st.integers(1, 3))), {}
-    if op == aten.split.Tensor:
-        return op, (x, draw(st.integers(1, 4)), a_dim()), {}
-    if op == aten.unbind.int:
-        return op, (x, a_dim()), {}
-    return op, (x, draw(st.integers(-2, 2)), 0, n - 1), {}
-
-
-@st.composite
-def normalization_calls(draw: st.DrawFn) -> Call:
-    op = draw(
-        st.sampled_from(
-            [aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
-             aten.native_batch_norm.default, aten.native_batch_norm_backward.default,
-             aten.convolution_backward.default, aten._fused_rms_norm.default,
-             aten._fused_rms_norm_backward.default]
-        )
-    )
-    dtype = draw(st.sampled_from(FLOAT_DTYPES))
-
-    def maybe(meta_shape: Sequence[int], dt: torch.dtype = dtype) -> TensorMeta | None:
-        return draw(st.one_of(st.none(), tensor_meta(meta_shape, dt)))
-
-    if op == aten.convolution_backward.default:
-        conv = draw(conv_setup(dtype))
-        mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
-        bias_sizes = draw(st.sampled_from([None, [conv.out_channels]]))
-        args = (conv.grad_output, conv.input, conv.weight, bias_sizes, conv.stride, conv.padding,
-                conv.dilation, conv.transposed, conv.output_padding, conv.groups, mask)
-        return op, args, {}
-    if op in (aten.native_batch_norm.default, aten.native_batch_norm_backward.default):
-        shape = draw(dims(2, 4, [s for s in DIM_SIZES if s > 0]))
-        c = [shape[1]]
-        x = draw(tensor_meta(shape, dtype))
-        training = draw(st.booleans())
-        # eval mode normalizes with the running statistics, so they must be there
-        running = [draw(tensor_meta(c, dtype)), draw(tensor_meta(c, dtype))] if not training else [maybe(c), maybe(c)]
-        if op == aten.native_batch_norm.default:
-            return op, (x, maybe(c), maybe(c), *running, training, 0.1, 1e-5), {}
-        grad = draw(tensor_meta(shape, dtype))
-        saved = [maybe(c, torch.float32), maybe(c, torch.float32)] if not training else [
-            draw(tensor_meta(c, torch.float32)), draw(tensor_meta(c, torch.float32))]
-        mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
-        return op, (grad, x, maybe(c), *running, *saved, training, 1e-5, mask), {}
-    shape = draw(dims(1, 4))
-    k = draw(st.integers(1, min(2, len(shape))))
-    normalized = shape[-k:]
-    stats_shape = shape[:-k] + [1] * k
-    x = draw(tensor_meta(shape, dtype))
-    if op == aten.native_layer_norm.default:
-        return op, (x, normalized, maybe(normalized), maybe(normalized), 1e-5), {}
-    if op == aten._fused_rms_norm.default:
-        return op, (x, normalized, maybe(normalized), draw(st.sampled_from([None, 1e-6]))), {}
-    grad = draw(tensor_meta(shape, dtype))
-    stats_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    rstd = draw(tensor_meta(stats_shape, stats_dtype))
-    if op == aten._fused_rms_norm_backward.default:
-        mask = draw(st.lists(st.booleans(), min_size=2, max_size=2))
-        return op, (grad, x, normalized, rstd, maybe(normalized), mask), {}
-    mean = draw(tensor_meta(stats_shape, stats_dtype))
-    mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
-    return op, (grad, x, normalized, mean, rstd, maybe(normalized), maybe(normalized), mask), {}
-
-
-@dataclass
-class ConvSetup:
-    input: TensorMeta
-    weight: TensorMeta
-    grad_output: TensorMeta
-    out_channels: int
-    stride: list[int]
-    padding: list[int]
-    dilation: list[int]
-    transposed: bool
-    output_padding: list[int]
-    groups: int
-
-
-@st.composite
-def conv_setup(draw: st.DrawFn, dtype: torch.dtype) -> ConvSetup:
-    """A valid 1-D or 2-D (transposed) convolution and the shape of its output."""
-    spatial = draw(st.integers(1, 2))
-    groups = draw(st.sampled_from([1, 2]))
-    c_in = groups * draw(st.integers(1, 3))
-    c_out = groups * draw(st.integers(1, 3))
-    batch = draw(st.sampled_from([2, 1, 0, 3]))
-    transposed = draw(st.booleans())
-    kernel = draw(st.lists(st.integers(1, 3), min_size=spatial, max_size=spatial))
-    stride = draw(st.lists(st.integers(1, 2), min_size=spatial, max_size=spatial))
-    padding = draw(st.lists(st.integers(0, 1), min_size=spatial, max_size=spatial))
-    dilation = draw(st.lists(st.integers(1, 2), min_size=spatial, max_size=spatial))
-    sizes = draw(st.lists(st.sampled_from([4, 5, 8, 3, 6, 1]), min_size=spatial, max_size=spatial))
-    output_padding = [0] * spatial
-    out_sizes = []
-    for i in range(spatial):
-        reach = dilation[i] * (kernel[i] - 1) + 1
-        if transposed:
-            if stride[i] > 1 or dilation[i] > 1:
-                output_padding[i] = draw(st.integers(0, max(stride[i], dilation[i]) - 1))
-            size = (sizes[i] - 1) * stride[i] - 2 * padding[i] + reach + output_padding[i]
-            if size < 1:
-                padding[i] = 0
-                size = (sizes[i] - 1) * stride[i] + reach + output_padding[i]
-        else:
-            sizes[i] = max(sizes[i], reach - 2 * padding[i])
-            size = (sizes[i] + 2 * padding[i] - reach) // stride[i] + 1
-        out_sizes.append(size)
-    x = draw(tensor_meta([batch, c_in, *sizes], dtype))
-    if transposed:
-        w_shape = [c_in, c_out // groups, *kernel]
-    else:
-        w_shape = [c_out, c_in // groups, *kernel]
-    w = draw(tensor_meta(w_shape, dtype))
-    g = draw(tensor_meta([batch, c_out, *out_sizes], dtype))
-    return ConvSetup(x, w, g, c_out, stride, padding, dilation, transposed, output_padding, groups)
-
-
-@st.composite
-def convolution_calls(draw: st.DrawFn) -> Call:
-    dtype = draw(st.sampled_from(FLOAT_DTYPES))
-    conv = draw(conv_setup(dtype))
-    bias = draw(st.one_of(st.none(), tensor_meta([conv.out_channels], dtype)))
-    args = (conv.input, conv.weight, bias, conv.stride, conv.padding, conv.dilation,
-            conv.transposed, conv.output_padding, conv.groups)
-    return aten.convolution.default, args, {}
-
-
-@st.composite
-def attention_calls(draw: st.DrawFn) -> Call:
-    op = draw(
-        st.sampled_from(
-            [aten._scaled_dot_product_efficient_attention.default,
-             aten._scaled_dot_product_flash_attention.default,
-             aten._scaled_dot_product_flash_attention_for_cpu.default,
-             aten._scaled_dot_product_efficient_attention_backward.default,
-             aten._scaled_dot_product_flash_attention_backward.default,
-             aten._scaled_dot_product_flash_attention_for_cpu_backward.default]
-        )
-    )
-    dtype = draw(st.sampled_from((torch.float32, torch.bfloat16, torch.float16)))
-    positive = [s for s in DIM_SIZES if s > 0]
-    b, h, lq, lk = draw(dims(4, 4, positive))
-    e = draw(st.sampled_from([8, 4, 16]))
-    q = draw(tensor_meta([b, h, lq, e], dtype))
-    k = draw(tensor_meta([b, h, lk, e], dtype))
-    v = draw(tensor_meta([b, h, lk, e], dtype))
-    causal = draw(st.booleans())
-    scale = draw(st.sampled_from([None, 0.125]))
-    int0 = TensorMeta(shape=torch.Size([]), stride=(), dtype=torch.int64)
-    if op == aten._scaled_dot_product_efficient_attention.default:
-        bias = draw(st.one_of(st.none(), tensor_meta(draw(broadcast_shape([b, h, lq, lk])), dtype)))
-        return op, (q, k, v, bias, draw(st.booleans()), 0.0, causal), {"scale": scale}
-    if op == aten._scaled_dot_product_flash_attention.default:
-        return op, (q, k, v, 0.0, causal, False), {"scale": scale}
-    if op == aten._scaled_dot_product_flash_attention_for_cpu.default:
-        return op, (q, k, v, 0.0, causal), {"scale": scale}
-    grad = draw(tensor_meta([b, h, lq, e], dtype))
-    out = draw(tensor_meta([b, h, lq, e], dtype))
-    if op == aten._scaled_dot_product_efficient_attention_backward.default:
-        lse = draw(tensor_meta([b, h, 32 * math.ceil(lq / 32)], torch.float32))
-        bias = draw(st.one_of(st.none(), tensor_meta([b, h, lq, lk], dtype)))
-        mask = draw(st.lists(st.booleans(), min_size=4, max_size=4))
-        return op, (grad, q, k, v, bias, out, lse, int0, int0, 0.0, mask, causal), {"scale": scale}
-    lse = draw(tensor_meta([b, h, lq], torch.float32))
-    if op == aten._scaled_dot_product_flash_attention_backward.default:
-        cum = TensorMeta(shape=torch.Size([0]), stride=(1,), dtype=torch.int64)
-        return op, (grad, q, k, v, out, lse, cum, cum, lq, lk, 0.0, causal, int0, int0), {"scale": scale}
-    return op, (grad, q, k, v, out, lse, 0.0, causal), {"scale": scale}
-
-
-@st.composite
-def embedding_calls(draw: st.DrawFn) -> Call:
-    op = draw(st.sampled_from([aten.embedding.default, aten.embedding_dense_backward.default]))
-    vocab = draw(st.sampled_from([8, 5, 1, 16]))
-    dim = draw(st.sampled_from([4, 3, 1, 8]))
-    indices = draw(tensor_meta(draw(dims(0, 3)), draw(st.sampled_from(INT_DTYPES))))
-    padding_idx = draw(st.sampled_from([-1, 0]))
-    if op == aten.embedding.default:
-        weight = draw(tensor_meta([vocab, dim], draw(st.sampled_from(FLOAT_DTYPES))))
-        return op, (weight, indices, padding_idx), {}
-    grad = draw(tensor_meta([*indices.shape, dim], draw(st.sampled_from(FLOAT_DTYPES))))
-    return op, (grad, indices, vocab, padding_idx, draw(st.booleans())), {}
-
-
-@st.composite
-def foreach_calls(draw: st.DrawFn) -> Call:
-    op = draw(
-        st.sampled_from(
-            [aten._foreach_add.List, aten._foreach_mul.List, aten._foreach_div.List,
-             aten._foreach_add.Scalar, aten._foreach_mul_.Scalar, aten._foreach_add_.List,
-             aten._foreach_norm.Scalar, aten._foreach_addcmul.Scalar, aten._foreach_lerp.Scalar,
-             aten._foreach_sqrt.default]
-        )
-    )
-    n = draw(st.integers(1, 4))
-    shapes = [draw(dims(0, 3)) for _ in range(n)]
-    dtypes = [draw(st.sampled_from(FLOAT_DTYPES)) for _ in range(n)]
-    inplace = op in (aten._foreach_mul_.Scalar, aten._foreach_add_.List)
-
-    def tensor_list(writable: bool = False) -> list[TensorMeta]:
-        layouts = WRITABLE_LAYOUTS if writable else LAYOUTS
-        return [draw(tensor_meta(s, d, layouts)) for s, d in zip(shapes, dtypes)]
-
-    xs = tensor_list(writable=inplace)
-    if op in (aten._foreach_add.Scalar, aten._foreach_mul_.Scalar):
-        return op, (xs, draw(st.sampled_from([2.0, 3]))), {}
-    if op == aten._foreach_norm.Scalar:
-        return op, (xs, draw(st.sampled_from([2, 1]))), {}
-    if op == aten._foreach_sqrt.default:
-        return op, (xs,), {}
-    if op == aten._foreach_addcmul.Scalar:
-        return op, (xs, tensor_list(), tensor_list(), 0.5), {}
-    if op == aten._foreach_lerp.Scalar:
-        return op, (xs, tensor_list(), 0.25), {}
-    return op, (xs, tensor_list()), {}
-
-
-FAMILIES: dict[str, st.SearchStrategy[Call]] = {
-    "pointwise": pointwise_calls(),
-    "inplace_out": inplace_out_calls(),
-    "matmul": matmul_calls(),
-    "reductions": reduction_calls(),
-    "views": view_calls(),
-    "normalization": normalization_calls(),
-    "attention": attention_calls(),
-    "embedding": embedding_calls(),
-    "convolution": convolution_calls(),
-    "foreach": foreach_calls(),
+# family -> (its calls, its share of the examples in percent; with the families of
+# test_strategy_contract_fuzz_ops.py the shares sum to 100: more where the op set
+# and the argument space are larger)
+FAMILIES: dict[str, tuple[st.SearchStrategy[Call], int]] = {
+    "pointwise": (pointwise_calls(), 15),
 }
 
 # ---------------------------------------------------------------------------
@@ -825,8 +414,8 @@ class FuzzCase:
 
 
 @st.composite
-def fuzz_cases(draw: st.DrawFn, family: str) -> FuzzCase:
-    op, args, kwargs = draw(FAMILIES[family])
+def fuzz_cases(draw: st.DrawFn, family: str, calls: st.SearchStrategy[Call]) -> FuzzCase:
+    op, args, kwargs = draw(calls)
     mesh_shape = draw(st.sampled_from(MESH_SHAPES))
     metas = CapturedCall(op, args, kwargs, family).tensor_metas
     candidates = tuple(draw(candidates_for(mesh_shape, m)) for m in metas)
@@ -846,8 +435,6 @@ EXAMPLES: Counter[str] = Counter()
 REJECTED: Counter[str] = Counter()
 STARTED = time.monotonic()
 
-
-RESHAPE_OPS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 
 # A query taking longer than this is a hang: it fails with the case instead of
 # stalling CI (DTENSOR_FUZZ_QUERY_TIMEOUT, seconds).
@@ -895,125 +482,10 @@ class KnownFailure:
     applies: Callable[["FuzzCase", str], bool] | None = None
 
 
-# Bugs of the change (stock behaves), matched by op and exception; each is still
-# queried and counted as "known failure" in the report, never as a pass.
-KNOWN_FAILURES: tuple[KnownFailure, ...] = (
-    KnownFailure(
-        ops=RESHAPE_OPS,
-        exception=("ZeroDivisionError",),
-        message="integer modulo by zero",
-        reason=(
-            "view_groups (the view/reshape rule) divides by a 0 dim size when a "
-            "0-element tensor is reshaped with the 0 moving to another dim; stock too"
-        ),
-        reproducer=(
-            "x = T[0, 2] float32 contiguous, mesh (2,), all Replicate: "
-            "get_op_strategy(strategy_schema(mesh, aten.view.default, (x, [2, 0]))) "
-            "raises ZeroDivisionError (torch.distributed.tensor._ops._view_ops"
-            ".view_groups([0, 2], [2, 0]))"
-        ),
-        stock=True,
-    ),
-    KnownFailure(
-        ops=RESHAPE_OPS,
-        exception=("KeyError",),
-        message="",
-        reason=(
-            "the view rule cannot map some _StridedShard inputs (it raises KeyError); "
-            "a planner query drops such a candidate, a runtime query with that one "
-            "placement raises the bare KeyError, on stock too"
-        ),
-        reproducer=(
-            "x = T[2, 4] float32 contiguous, mesh (2,), runtime placement "
-            "(_StridedShard(1, split_factor=2),): propagate_op_sharding_non_cached of "
-            "aten.view.default(x, [8]) raises KeyError: 1 (stock and built)"
-        ),
-        stock=True,
-        applies=lambda case, kind: kind == "runtime"
-        and any(isinstance(p, _StridedShard) for p in case.runtime[0]),
-    ),
-    KnownFailure(
-        ops=("aten.split.Tensor",),
-        # 2.13.0's finalizer names the rule; 2.14.1's expansion checks the length first
-        exception=("StrategyContractError", "AssertionError"),
-        message="",
-        reason=(
-            "split of a 0-size dim returns one (empty) tensor, the split rule gives no "
-            "output spec; stock fails the same calls at dispatch (2.13.0: 'output_specs "
-            "has 0 outputs which does not equal the number of op outputs 1', 2.14.1: "
-            "'Strategy length 1 != expected 2')"
-        ),
-        reproducer=(
-            "x = T[0] float32, mesh (2,), all Replicate: get_op_strategy(strategy_schema("
-            "mesh, aten.split.Tensor, (x, 1, 0))) raises; eager torch.split of such a "
-            "DTensor raises on stock and built"
-        ),
-        stock=True,
-        applies=lambda case, kind: case.args[0].shape[case.args[2]] == 0,  # (x, size, dim)
-    ),
-    KnownFailure(
-        ops=("aten.reshape.default",),
-        exception=("IndexError",),
-        message="list index out of range",
-        reason=(
-            "reshape_strategy's normalize_sizes indexes the target shape, which is "
-            "empty when a 0-d tensor is reshaped to []; stock too (view and "
-            "_unsafe_view answer the same call)"
-        ),
-        reproducer=(
-            "x = T[] float32, mesh (2,), all Replicate: get_op_strategy(strategy_schema("
-            "mesh, aten.reshape.default, (x, []))) raises IndexError (stock's "
-            "propagate_op_sharding_non_cached too)"
-        ),
-        stock=True,
-        applies=lambda case, kind: len(case.args[0].shape) == 0,
-    ),
-)
-
-# Calls whose query never returns, each with a cheap test whether a case is one
-# (the fuzzer skips the query and counts the case as a known failure).
-KNOWN_HANGS: dict[str, tuple[KnownFailure, Callable[["FuzzCase"], bool]]] = {}
-
-
-def _reshape_hangs(case: "FuzzCase") -> bool:
-    """Whether view_groups loops forever on this 0-element reshape (see KNOWN_HANGS)."""
-    from torch.distributed.tensor._ops._view_ops import view_groups
-
-    if str(case.op) not in RESHAPE_OPS or 0 not in case.args[0].shape:
-        return False
-    try:
-        with time_limit(1.0):
-            view_groups(list(case.args[0].shape), list(case.args[1]))
-    except QueryTimeout:
-        return True
-    except Exception:
-        return False
-    return False
-
-
-KNOWN_HANGS["reshape of 0 elements"] = (
-    KnownFailure(
-        ops=RESHAPE_OPS,
-        exception=("QueryTimeout",),
-        message="",
-        reason=(
-            "view_groups loops forever when a 0-element tensor is reshaped so that "
-            "the 0 moves to an earlier dim followed by non-1 dims; stock too "
-            "(DTensor eager view/reshape of such a tensor hangs)"
-        ),
-        reproducer=(
-            "x = T[3, 0] float32 contiguous, mesh (2,), all Replicate: "
-            "get_op_strategy(strategy_schema(mesh, aten.view.default, (x, [0, 3]))) "
-            "never returns (view_groups([3, 0], [0, 3]))"
-        ),
-        stock=True,
-    ),
-    _reshape_hangs,
-)
-
-
-def known_failure(exc: BaseException, case: "FuzzCase", kind: str) -> KnownFailure | None:
-    for known in KNOWN_FAILURES:
+def known_failure(
+    exc: BaseException, case: "FuzzCase", kind: str, table: Sequence[KnownFailure]
+) -> KnownFailure | None:
+    for known in table:
         if (
             str(case.op) in known.ops
             and type(exc).__name__ in known.exception
@@ -1150,8 +622,13 @@ BROKEN_VARIANTS: dict[str, tuple[str, Callable[[], Any]]] = {
 # ---------------------------------------------------------------------------
 
 
-class TestStrategyContractFuzz(StrategyContractTestBase):
-    """One hypothesis test per op family; see the module docstring."""
+class FuzzTestBase(StrategyContractTestBase):
+    """Asks and judges fuzz cases; a subclass adds one test per family
+    (:func:`family_test`) and the known failures of its families."""
+
+    known_failures: tuple[KnownFailure, ...] = ()
+    # name -> (the failure, whether a case is one): the query is skipped, it hangs
+    known_hangs: dict[str, tuple[KnownFailure, Callable[[FuzzCase], bool]]] = {}
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -1184,7 +661,7 @@ class TestStrategyContractFuzz(StrategyContractTestBase):
             REJECTED[f"{case.op}: {type(e).__name__}"] += 1
             reject()
         EXAMPLES[case.family] += 1
-        for name, (known, hangs) in KNOWN_HANGS.items():
+        for name, (known, hangs) in self.known_hangs.items():
             if hangs(case):
                 for kind in ("planner", "runtime"):
                     count(kind, f"KNOWN FAILURE: {name} (query skipped, it hangs)", case)
@@ -1209,7 +686,7 @@ class TestStrategyContractFuzz(StrategyContractTestBase):
                 strategy = ask()
         except Exception as e:
             outcome = named_outcome(e, case.op, is_runtime)
-            if outcome is None and known_failure(e, case, kind) is not None:
+            if outcome is None and known_failure(e, case, kind, self.known_failures) is not None:
                 outcome = f"KNOWN FAILURE: {case.op}"
             if outcome is None:
                 OUTCOMES[(kind, "UNEXPLAINED")] += 1
@@ -1252,69 +729,31 @@ class TestStrategyContractFuzz(StrategyContractTestBase):
             return
         count(kind, "strategy checked", case)
 
-    @seed(FUZZ_SEED)
-    @fuzz_settings("pointwise")
-    @given(case=fuzz_cases("pointwise"))
-    def test_pointwise(self, case: FuzzCase) -> None:
-        self.check_case(case)
+
+def family_test(family: str, calls: st.SearchStrategy[Call], weight: int) -> Callable[..., None]:
+    """The hypothesis test of one family: fixed seed, ``weight`` percent of the examples."""
 
     @seed(FUZZ_SEED)
-    @fuzz_settings("inplace_out")
-    @given(case=fuzz_cases("inplace_out"))
-    def test_inplace_out(self, case: FuzzCase) -> None:
+    @settings(FUZZ_SETTINGS, max_examples=examples_for(weight))
+    @given(case=fuzz_cases(family, calls))
+    def test(self: FuzzTestBase, case: FuzzCase) -> None:
         self.check_case(case)
 
-    @seed(FUZZ_SEED)
-    @fuzz_settings("matmul")
-    @given(case=fuzz_cases("matmul"))
-    def test_matmul(self, case: FuzzCase) -> None:
-        self.check_case(case)
+    test.__name__ = f"test_{family}"
+    return test
 
-    @seed(FUZZ_SEED)
-    @fuzz_settings("reductions")
-    @given(case=fuzz_cases("reductions"))
-    def test_reductions(self, case: FuzzCase) -> None:
-        self.check_case(case)
 
-    @seed(FUZZ_SEED)
-    @fuzz_settings("views")
-    @given(case=fuzz_cases("views"))
-    def test_views(self, case: FuzzCase) -> None:
-        self.check_case(case)
+class TestStrategyContractFuzz(FuzzTestBase):
+    """The pointwise family (the others: test_strategy_contract_fuzz_ops.py)."""
 
-    @seed(FUZZ_SEED)
-    @fuzz_settings("normalization")
-    @given(case=fuzz_cases("normalization"))
-    def test_normalization(self, case: FuzzCase) -> None:
-        self.check_case(case)
 
-    @seed(FUZZ_SEED)
-    @fuzz_settings("attention")
-    @given(case=fuzz_cases("attention"))
-    def test_attention(self, case: FuzzCase) -> None:
-        self.check_case(case)
-
-    @seed(FUZZ_SEED)
-    @fuzz_settings("embedding")
-    @given(case=fuzz_cases("embedding"))
-    def test_embedding(self, case: FuzzCase) -> None:
-        self.check_case(case)
-
-    @seed(FUZZ_SEED)
-    @fuzz_settings("convolution")
-    @given(case=fuzz_cases("convolution"))
-    def test_convolution(self, case: FuzzCase) -> None:
-        self.check_case(case)
-
-    @seed(FUZZ_SEED)
-    @fuzz_settings("foreach")
-    @given(case=fuzz_cases("foreach"))
-    def test_foreach(self, case: FuzzCase) -> None:
-        self.check_case(case)
+for _family, (_calls, _weight) in FAMILIES.items():
+    setattr(TestStrategyContractFuzz, f"test_{_family}", family_test(_family, _calls, _weight))
 
 
 def report_outcomes() -> None:
-    """Print the outcome counts (and write them as JSON to ``DTENSOR_FUZZ_REPORT``)."""
+    """Print the outcome counts of every family run in this process so far (and write
+    them as JSON to ``DTENSOR_FUZZ_REPORT``)."""
     report = {
         "seed": FUZZ_SEED,
         "examples_requested": TOTAL_EXAMPLES,

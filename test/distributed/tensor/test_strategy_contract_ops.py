@@ -26,19 +26,15 @@ that step, with the same helpers (``contract_common.StrategyOpsTestBase``):
 ``test_strategy_contract_{math,tensor,view,matrix}_ops.py``.
 """
 
-from collections.abc import Sequence
 
 import torch
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import distribute_tensor, DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
     OpSchema,
     OpSpec,
     OpStrategy,
-    StrategyType,
-    TupleStrategy,
 )
 from torch.distributed.tensor._ops._finalize_strategy import StrategyContractError
 from torch.distributed.tensor._ops.strategy_contract import (
@@ -63,7 +59,6 @@ from torch.testing._internal.distributed._tensor.contract_common import (
     planner_candidates,
     query_strategy,
     sampled_planner_candidates,
-    sharded_candidate,
     strategy_registry,
     strategy_schema,
     StrategyOpsTestBase,
@@ -83,12 +78,8 @@ class TestStrategyContractOps(StrategyOpsTestBase):
         lib = cls.enterClassContext(
             torch.library._scoped_library("strategy_contract_ops_test", "DEF")
         )
-        lib.define("one_out(Tensor x) -> Tensor")
         lib.define("two_out(Tensor x) -> (Tensor, Tensor)")
-        lib.define("list_out(Tensor[] xs) -> Tensor[]")
-        lib.impl("one_out", lambda x: x.clone(), "CompositeExplicitAutograd")
         lib.impl("two_out", lambda x: (x.clone(), x.sum(0)), "CompositeExplicitAutograd")
-        lib.impl("list_out", lambda xs: [x.clone() for x in xs], "CompositeExplicitAutograd")
 
     # ---- backward ops with output masks ----
 
@@ -229,25 +220,6 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
 
     # ---- foreach and fused optimizer ops ----
 
-    def foreach_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        # elements of different shapes, so a per-element mix-up shows
-        xs = [torch.randn(8, 12), torch.randn(4), torch.randn(2, 4, 4)]
-        return xs, [torch.randn_like(t) for t in xs]
-
-    def assert_children(
-        self,
-        strategy: StrategyType,
-        expected: Sequence[TensorMeta | None],
-        n_inputs: int,
-    ) -> None:
-        self.assertIsInstance(strategy, TupleStrategy)
-        self.assertEqual(len(strategy.children), len(expected))
-        for i, (child, meta) in enumerate(zip(strategy.children, expected)):
-            with self.subTest(child=i):
-                self.assert_output_metas(child, [meta])
-                for spec in self.specs_of(child):
-                    self.assertEqual(len(spec.input_specs), n_inputs)
-
     @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_foreach_ops_one_child_per_element(self, shape: tuple[int, ...]) -> None:
         xs, ys = self.foreach_lists()
@@ -284,97 +256,6 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                         _, strategy = self.query(shape, mode, op, args, kwargs)
                         # one child per parameter, inputs: its element of each list
                         self.assert_children(strategy, [None] * 3, 6 if amsgrad else 5)
-
-    # ---- output metas supplied by the caller ----
-
-    def expand_with_metas(
-        self, mesh: DeviceMesh, op: torch._ops.OpOverload, args: Sequence[object], metas: object
-    ) -> tuple[OpSchema, StrategyType]:
-        """Expand ``op``'s single-dim strategy with caller-supplied ``metas``, as
-        DTensor's own callers and tests call ``_expand_single_dim_strategy_to_mesh``."""
-        from torch.distributed.tensor._ops.single_dim_strategy import (
-            _expand_single_dim_strategy_to_mesh,
-        )
-
-        self.assertEqual(strategy_registry(op), "single_dim")
-        schema = strategy_schema(mesh, op, args, None, sharded_candidate())
-        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[op]
-        expand = _expand_single_dim_strategy_to_mesh(mesh, schema, info, metas)
-        return schema, expand(op, schema.args_meta, schema.kwargs_meta)
-
-    @parametrize("shape", OP_MESHES, name_fn=mesh_name)
-    def test_caller_metas_for_inplace_foreach(self, shape: tuple[int, ...]) -> None:
-        """In-place foreach ops return nothing; metas of the self list (what a
-        caller naturally passes) must not be indexed as per-return metas."""
-        xs, ys = self.foreach_lists()
-        zs = [torch.rand_like(t) + 1 for t in xs]
-        self_metas = [meta_of(t) for t in xs]
-        cases = [
-            (aten._foreach_addcdiv_.Scalar, (xs, ys, zs, 0.5), 3),
-            (aten._foreach_lerp_.Scalar, (xs, ys, 0.5), 2),
-        ]
-        for op, args, n_inputs in cases:
-            for metas in (self_metas, tuple(self_metas), None):
-                with self.subTest(op=str(op), metas=type(metas).__name__):
-                    schema, strategy = self.expand_with_metas(self.mesh(shape), op, args, metas)
-                    self.assert_contract(schema, strategy)
-                    self.assert_children(strategy, [None] * len(xs), n_inputs)
-
-    def test_caller_metas_in_every_shape(self) -> None:
-        """Caller metas that fit the op's returns are used as given; metas that do
-        not fit (wrong structure, wrong length) give way to shape inference."""
-        mesh = self.mesh((2, 2))
-        x, y = torch.randn(8, 12), torch.randn(12, 4)
-        mm_meta = meta_of(torch.mm(x, y))
-        xs, ys = self.foreach_lists()
-        add_metas = [meta_of(t) for t in torch._foreach_add(xs, ys)]
-        g = torch.randn(8, 12)
-        w, b = torch.randn(12), torch.randn(12)
-        mean, rstd = torch.randn(8, 1), torch.rand(8, 1) + 0.5
-        ln_args = (g, x, [12], mean, rstd, w, b, [False, True, True])
-        ln_metas = (None, meta_of(w), meta_of(b))
-        cases = [
-            ("one meta", aten.mm.default, (x, y), mm_meta, [mm_meta]),
-            ("one-element list", aten.mm.default, (x, y), [mm_meta], [mm_meta]),
-            ("list for one tensor", aten.mm.default, (x, y), [mm_meta, mm_meta], [mm_meta]),
-            ("per element", aten._foreach_add.List, (xs, ys), add_metas, None),
-            ("too few elements", aten._foreach_add.List, (xs, ys), add_metas[:1], None),
-            ("one meta for a list", aten._foreach_add.List, (xs, ys), add_metas[0], None),
-            ("None entries", aten.native_layer_norm_backward.default, ln_args, ln_metas, ln_metas),
-            ("too few outputs", aten.native_layer_norm_backward.default, ln_args, ln_metas[1:], ln_metas),
-        ]
-        for label, op, args, metas, expected in cases:
-            with self.subTest(case=label):
-                schema, strategy = self.expand_with_metas(mesh, op, args, metas)
-                self.assert_contract(schema, strategy)
-                if expected is None:
-                    self.assert_children(strategy, add_metas, 2)
-                else:
-                    self.assert_output_metas(strategy, expected)
-
-    def test_expand_when_shape_inference_cannot_run(self) -> None:
-        """A schema that is no valid call of its op (tests build them around a
-        stand-in op) still expands: inputs carry their metas, outputs none."""
-        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
-        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
-
-        mesh = self.mesh((4,))
-        a, b = meta_of(torch.randn(8, 6)), meta_of(torch.randn(8, 10))
-        schema = OpSchema(
-            aten.add.Tensor,  # (8, 6) + (8, 10) does not broadcast
-            tuple(self.single_candidate(mesh, m) for m in (a, b)),
-            {},
-            RuntimeSchemaInfo(),
-        )
-        rules = [[Shard(0), Shard(0), Shard(0)], [Replicate(), Replicate(), Replicate()]]
-        strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
-        for spec in self.specs_of(strategy):
-            self.assertEqual([s.tensor_meta for s in spec.input_specs], [a, b])
-            self.assertIsNone(spec.output_spec.tensor_meta)
-
-    def single_candidate(self, mesh: DeviceMesh, meta: TensorMeta) -> OpStrategy:
-        spec = DTensorSpec(mesh, (Replicate(),) * mesh.ndim, tensor_meta=meta)
-        return OpStrategy([OpSpec(spec)])
 
     # ---- in-place and out= ----
 
@@ -690,73 +571,6 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
 
         self.addCleanup(restore)
         propagator.register_op_strategy(op, strategy_func)
-
-    def assert_contract_error(
-        self, op, strategy_func, args, position: str
-    ) -> StrategyContractError:
-        self.register_temporarily(op, strategy_func)
-        mesh = self.mesh((2, 2))
-        schema = strategy_schema(mesh, op, args, {}, sampled_planner_candidates)
-        with self.assertRaises(StrategyContractError) as ctx:
-            query_strategy(schema, mesh)
-        message = str(ctx.exception)
-        self.assertNotIsInstance(ctx.exception, AssertionError)
-        self.assertIn(str(op), message)
-        # the strategy function's name, quoted (a TupleStrategy child adds "(child i)")
-        self.assertIn(f"strategy '{strategy_func.__name__}", message)
-        self.assertIn(f"at {position}:", message)
-        return ctx.exception
-
-    def test_bad_strategy_none_for_tensor_output(self) -> None:
-        op = torch.ops.strategy_contract_ops_test.one_out.default
-
-        def none_output_strategy(op_schema: OpSchema) -> OpStrategy:
-            inp = op_schema.args_schema[0]
-            return OpStrategy(
-                [OpSpec(None, input_specs=[c.output_spec]) for c in inp.strategies]
-            )
-
-        err = self.assert_contract_error(
-            op, none_output_strategy, (torch.randn(4, 6),), "output"
-        )
-        self.assertIn("the op returns a tensor but the spec is None", str(err))
-
-    def test_bad_strategy_wrong_number_of_outputs(self) -> None:
-        op = torch.ops.strategy_contract_ops_test.two_out.default
-
-        def three_outputs_strategy(op_schema: OpSchema) -> OpStrategy:
-            inp = op_schema.args_schema[0]
-            specs = []
-            for c in inp.strategies:
-                out = DTensorSpec(c.output_spec.mesh, c.output_spec.placements)
-                specs.append(OpSpec((out, out, out), input_specs=[c.output_spec]))
-            return OpStrategy(specs)
-
-        err = self.assert_contract_error(
-            op, three_outputs_strategy, (torch.randn(4, 6),), "output"
-        )
-        self.assertIn("the op has 2 results", str(err))
-
-    def test_bad_strategy_list_child_none_output(self) -> None:
-        op = torch.ops.strategy_contract_ops_test.list_out.default
-
-        def bad_child_strategy(op_schema: OpSchema) -> TupleStrategy:
-            children = []
-            for i, child in enumerate(op_schema.args_schema[0].children):
-                specs = [
-                    OpSpec(
-                        None if i == 1 else c.output_spec,
-                        input_specs=[c.output_spec],
-                    )
-                    for c in child.strategies
-                ]
-                children.append(OpStrategy(specs))
-            return TupleStrategy(children)
-
-        err = self.assert_contract_error(
-            op, bad_child_strategy, ([torch.randn(4, 6), torch.randn(8)],), "output"
-        )
-        self.assertIn("(child 1)", str(err))
 
     def test_bad_strategy_surfaces_at_runtime(self) -> None:
         """DTensor's own dispatch hits the same error, naming the op, for a spec

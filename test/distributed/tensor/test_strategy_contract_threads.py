@@ -4,9 +4,9 @@
 Strategy queries from many threads at once.
 
 The change adds process-wide state to sharding propagation: a shape-inference cache
-(``_finalize_strategy._meta_cache``), a redistribute-cost cache shared across
+(``_output_metas._meta_cache``), a redistribute-cost cache shared across
 queries (``_redistribute_cost_cache``), and context variables that tell spec
-builders which query they answer (``_finalize_strategy.answering``) and tell the
+builders which query they answer (``_output_metas.answering``) and tell the
 decomposition path it traces for a planner (``_decompositions._in_planner_query``).
 A planner may query from a thread pool, and eager DTensor runs in several threads
 (threaded process groups in PyTorch's own tests), so:
@@ -42,7 +42,7 @@ from torch.distributed.tensor._op_schema import (
     TupleStrategy,
 )
 from torch.distributed.tensor._ops import (
-    _finalize_strategy,
+    _output_metas,
     _redistribute_cost_cache,
     _shardable_cache,
 )
@@ -150,7 +150,7 @@ def clear_caches() -> None:
     _propagator().propagate_op_sharding.cache_clear()
     # dict.clear() is atomic; not taking the cache's lock keeps a test that found a
     # deadlock (a thread holding that lock forever) from hanging in its tear-down.
-    _finalize_strategy._meta_cache.clear()
+    _output_metas._meta_cache.clear()
     _redistribute_cost_cache.clear_cost_cache()
 
 
@@ -504,7 +504,7 @@ class TestCachesStayBounded(ThreadsTestBase):
         self, calls: list[Callable[[], object]], rounds: int = FILL_ROUNDS
     ) -> None:
         """``fill`` the shape-inference cache with its bound lowered to ``BOUND``."""
-        cache = _finalize_strategy._meta_cache
+        cache = _output_metas._meta_cache
         with mock.patch.object(cache, "max_size", self.BOUND):
             self.fill("_meta_cache", lambda: len(cache), cache.clear, calls, rounds=rounds)
 
@@ -516,7 +516,7 @@ class TestCachesStayBounded(ThreadsTestBase):
             strategy_schema(mesh, aten.add.Tensor, (torch.empty(k, 6), torch.empty(k, 6)))
             for k in range(1, 65)
         ]
-        self.fill_meta_cache([lambda s=s: _finalize_strategy.output_metas_for(s) for s in schemas])
+        self.fill_meta_cache([lambda s=s: _output_metas.output_metas_for(s) for s in schemas])
 
     def test_meta_cache_bounded_through_get_op_strategy(self) -> None:
         """The same bound holds when the cache is filled by whole planner queries."""
@@ -559,7 +559,7 @@ class TestCachesStayBounded(ThreadsTestBase):
     def test_default_bounds(self) -> None:
         """The shipped bounds are finite, positive integers, and the caches use them."""
         for name, bound, cache in (
-            ("_META_CACHE_SIZE", _finalize_strategy._META_CACHE_SIZE, _finalize_strategy._meta_cache),
+            ("_META_CACHE_SIZE", _output_metas._META_CACHE_SIZE, _output_metas._meta_cache),
             ("COST_CACHE_SIZE", _redistribute_cost_cache.COST_CACHE_SIZE, _redistribute_cost_cache._costs),
             ("COST_CACHE_SIZE (sources)", _redistribute_cost_cache.COST_CACHE_SIZE, _redistribute_cost_cache._sources),
             ("SHARDABLE_CACHE_SIZE", _shardable_cache.SHARDABLE_CACHE_SIZE, _shardable_cache._answers),

@@ -23,7 +23,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, StrategyType
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    StrategyType,
+    TupleStrategy,
+)
 from torch.distributed.tensor._ops.strategy_contract import (
     check_strategy_contract,
     format_violations,
@@ -344,6 +350,25 @@ class StrategyOpsTestBase(StrategyContractTestBase):
                 else:
                     self.assertIsInstance(out, DTensorSpec, where)
                     self.assertEqual(out.tensor_meta, meta, where)
+
+    def foreach_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Two foreach lists whose elements differ in shape, so a per-element mix-up shows."""
+        xs = [torch.randn(8, 12), torch.randn(4), torch.randn(2, 4, 4)]
+        return xs, [torch.randn_like(t) for t in xs]
+
+    def assert_children(
+        self, strategy: StrategyType, expected: Sequence[TensorMeta | None], n_inputs: int
+    ) -> None:
+        """A TupleStrategy with one child per element: ``expected`` output metas,
+        ``n_inputs`` input specs each."""
+        self.assertIsInstance(strategy, TupleStrategy)
+        children = cast(TupleStrategy, strategy).children
+        self.assertEqual(len(children), len(expected))
+        for i, (child, meta) in enumerate(zip(children, expected)):
+            with self.subTest(child=i):
+                self.assert_output_metas(child, [meta])
+                for spec in self.specs_of(child):
+                    self.assertEqual(len(spec.input_specs or ()), n_inputs)
 
     def output_table(
         self, cases: Sequence[tuple[str, torch._ops.OpOverload, tuple, dict]]

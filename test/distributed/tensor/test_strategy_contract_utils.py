@@ -1,0 +1,283 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates
+# Owner(s): ["oncall: distributed"]
+"""
+``expand_to_full_mesh_op_strategy`` and the caches behind it, called directly as a
+downstream rule author calls them (no registry involved).
+
+The expansion builds complete specs without being given output metas (shape
+inference of the query), ``None`` where the op returns ``None``, inputs with their
+metas when inference cannot run; it leaves out per placement, not per combination,
+what cannot shard. The redistribute-cost and shardability caches answer what the
+uncached functions answer and stay bounded.
+"""
+
+from unittest import mock
+
+import torch
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo
+from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+)
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+from torch.testing._internal.distributed._tensor.contract_common import (
+    meta_of,
+    planner_candidates,
+    strategy_schema,
+    StrategyContractTestBase,
+)
+from torch.testing._internal.distributed._tensor.contract_sweep import capped_candidates
+
+
+aten = torch.ops.aten
+R, S0, S1, P = Replicate(), Shard(0), Shard(1), Partial()
+
+
+def _layer_norm_backward_args() -> tuple:
+    g, x, w, b = torch.randn(8, 6), torch.randn(8, 6), torch.randn(6), torch.randn(6)
+    return (g, x, [6], torch.randn(8, 1), torch.rand(8, 1) + 0.5, w, b, [True, False, True])
+
+
+# (op, args, rules with outputs first, input_index): rules as a downstream author writes them
+EXPANSIONS = {
+    "mm": (
+        aten.mm.default,
+        lambda: (torch.randn(8, 6), torch.randn(6, 4)),
+        [[R, R, R], [S0, S0, R], [S1, R, S1], [P, S1, S0]],
+        1,
+    ),
+    "max_dim": (
+        aten.max.dim,
+        lambda: (torch.randn(8, 6), 1),
+        [[R, R, R], [S0, S0, S0]],
+        2,
+    ),
+    # grad_weight masked off: its position is None whatever the rule says
+    "layer_norm_backward_masked": (
+        aten.native_layer_norm_backward.default,
+        _layer_norm_backward_args,
+        [[R] * 9, [S0, P, P, S0, S0, S0, S0, R, R]],
+        3,
+    ),
+}
+
+
+class TestExpandToFullMesh(StrategyContractTestBase):
+    @parametrize("case", list(EXPANSIONS))
+    def test_complete_without_output_metas(self, case: str) -> None:
+        op, make_args, rules, input_index = EXPANSIONS[case]
+        for mesh_shape in ((4,), (2, 2)):
+            with self.subTest(mesh=mesh_shape):
+                mesh = self.mesh(mesh_shape)
+                schema = strategy_schema(mesh, op, make_args(), None, planner_candidates)
+                strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=input_index)
+                self.assertGreater(len(strategy.strategies), 0)
+                self.assert_contract(schema, strategy)
+
+    def test_expand_when_shape_inference_cannot_run(self) -> None:
+        """A schema that is no valid call of its op (tests build them around a
+        stand-in op) still expands: inputs carry their metas, outputs none."""
+        mesh = self.mesh((4,))
+        a, b = meta_of(torch.randn(8, 6)), meta_of(torch.randn(8, 10))
+        schema = OpSchema(
+            aten.add.Tensor,  # (8, 6) + (8, 10) does not broadcast
+            tuple(OpStrategy([OpSpec(DTensorSpec(mesh, (R,), tensor_meta=m))]) for m in (a, b)),
+            {},
+            RuntimeSchemaInfo(),
+        )
+        rules = [[S0, S0, S0], [R, R, R]]
+        strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
+        for spec in strategy.strategies:
+            self.assertEqual([s.tensor_meta for s in spec.input_specs], [a, b])
+            self.assertIsNone(spec.output_spec.tensor_meta)
+
+
+class TestRedistributeCostCache(StrategyContractTestBase):
+    def pairs(self) -> list[tuple[DTensorSpec, DTensorSpec]]:
+        from torch.distributed.tensor.placement_types import _StridedShard
+
+        mesh = self.mesh((2, 2))
+        placements = [
+            (R, R), (S0, R), (R, S1), (S0, S1), (S1, S0), (P, R), (R, P), (S0, S0),
+            (_StridedShard(0, split_factor=2), S0),
+        ]
+        specs = []
+        for shape in ((8, 6), (5, 7)):  # even and uneven shards
+            meta = meta_of(torch.empty(shape))
+            specs += [DTensorSpec(mesh, p, tensor_meta=meta) for p in placements]
+        return [(a, b) for a in specs for b in specs if a.tensor_meta == b.tensor_meta]
+
+    def test_cached_costs_equal_redistribute_cost(self) -> None:
+        from torch.distributed.tensor._collective_utils import redistribute_cost
+        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
+
+        cache.clear_cost_cache()
+        for _ in range(2):  # computed, then served from the cache
+            for src, dst in self.pairs():
+                self.assertEqual(
+                    cache.CostRows((src,)).row(dst)[0],
+                    redistribute_cost(src, dst),
+                    f"{src} -> {dst}",
+                )
+        self.assertGreater(cache.cost_cache_size(), 0)
+        cache.clear_cost_cache()
+        self.assertEqual(cache.cost_cache_size(), 0)
+
+    def test_cache_stays_bounded(self) -> None:
+        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
+
+        cache.clear_cost_cache()
+        pairs = self.pairs()
+        with mock.patch.object(cache._costs, "max_size", 5):
+            for src, dst in pairs:
+                cache.CostRows((src,)).row(dst)
+                self.assertLessEqual(cache.cost_cache_size(), 5)
+        cache.clear_cost_cache()
+
+    def test_cost_rows(self) -> None:
+        """A row prices every candidate; equal candidates of another tensor share it;
+        the caller owns the list it gets."""
+        from torch.distributed.tensor._collective_utils import redistribute_cost
+        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
+
+        mesh = self.mesh((2, 2))
+        meta = meta_of(torch.empty(8, 6))
+        candidates = [(R, R), (S0, R), (R, S1), (P, R)]
+        targets = [DTensorSpec(mesh, p, tensor_meta=meta) for p in ((S0, S1), (R, R), (P, P))]
+
+        def sources() -> list[DTensorSpec]:  # new objects each time, as for another tensor
+            return [DTensorSpec(mesh, p, tensor_meta=meta) for p in candidates]
+
+        cache.clear_cost_cache()
+        rows = cache.CostRows(sources())
+        for dst in targets:
+            self.assertEqual(rows.row(dst), [redistribute_cost(s, dst) for s in sources()])
+        filled = cache.cost_cache_size()
+        self.assertEqual(filled, len(targets))
+        again = cache.CostRows(sources())
+        first = again.row(targets[0])
+        self.assertEqual(cache.cost_cache_size(), filled)  # served, not recomputed
+        first[0] = -1.0
+        self.assertNotEqual(again.row(targets[0])[0], -1.0)
+        cache.clear_cost_cache()
+
+    def test_cost_rows_without_metas_are_not_cached(self) -> None:
+        """A source without a meta goes to redistribute_cost as is (which rejects it)."""
+        from torch.distributed.tensor._collective_utils import redistribute_cost
+        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
+
+        mesh = self.mesh((2,))
+        cache.clear_cost_cache()
+        src = DTensorSpec(mesh, (S0,))
+        dst = DTensorSpec(mesh, (R,), tensor_meta=meta_of(torch.empty(4, 4)))
+        with self.assertRaises(AssertionError) as stock:
+            redistribute_cost(src, dst)
+        with self.assertRaisesRegex(AssertionError, str(stock.exception)):
+            cache.CostRows((src,)).row(dst)
+        self.assertEqual(cache.cost_cache_size(), 0)
+
+
+
+class TestShardableCache(StrategyContractTestBase):
+    def test_answers_equal_is_tensor_shardable(self) -> None:
+        from torch.distributed.tensor._ops import _shardable_cache as cache
+        from torch.distributed.tensor._ops.utils import is_tensor_shardable
+
+        mesh = self.mesh((2, 2))
+        cache.clear_shardable_cache()
+        for _ in range(2):  # answered, then served
+            for shape in (torch.Size([8, 6]), torch.Size([1, 6]), torch.Size([3, 1])):
+                for placements in ((S0, R), (S0, S0), (R, S1), (S1, S0), (P, R)):
+                    spec = DTensorSpec(mesh, placements)
+                    self.assertEqual(
+                        cache.cached_is_shardable(is_tensor_shardable, shape, spec, None),
+                        is_tensor_shardable(shape, spec),
+                        f"{shape} {placements}",
+                    )
+        self.assertEqual(cache.shardable_cache_size(), 15)
+        cache.clear_shardable_cache()
+        self.assertEqual(cache.shardable_cache_size(), 0)
+
+class TestExpansionFilters(StrategyContractTestBase):
+    """What the expansion leaves out is decided per placement, not per combination."""
+
+    def expand(self, rules: list[list[Placement]], shape: tuple[int, ...]) -> set[tuple[Placement, ...]]:
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+        mesh = self.mesh((2, 2))
+        schema = strategy_schema(
+            mesh, aten.neg.default, (torch.empty(shape),), candidates=capped_candidates(4)
+        )
+        strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
+        return {spec.output_spec.placements for spec in strategy.strategies}
+
+    def test_partial_kinds_that_do_not_commute_are_not_combined(self) -> None:
+        p_sum, p_avg, p_max = Partial("sum"), Partial("avg"), Partial("max")
+        rules = [[p_sum, R], [p_avg, R], [p_max, R], [R, R]]
+        outputs = self.expand(rules, (8, 4))
+        self.assertIn((p_sum, p_avg), outputs)  # sum and avg commute
+        self.assertIn((p_max, p_max), outputs)
+        self.assertIn((p_max, R), outputs)
+        self.assertNotIn((p_sum, p_max), outputs)
+        self.assertNotIn((p_max, p_avg), outputs)
+
+    def test_unshardable_inputs_are_left_out(self) -> None:
+        rules = [[S0, S0], [Shard(1), Shard(1)], [R, R]]
+        outputs = self.expand(rules, (8, 1))  # dim 1 cannot be split in two
+        self.assertIn((S0, S0), outputs)
+        self.assertIn((S0, R), outputs)
+        self.assertFalse(any(Shard(1) in p for p in outputs), outputs)
+
+    def test_subclass_placements_keep_their_own_id(self) -> None:
+        from torch.distributed.tensor._ops._expansion_positions import placement_ids
+        from torch.distributed.tensor.placement_types import _StridedShard
+
+        strided = _StridedShard(0, split_factor=2)
+        rule_ids, by_id = placement_ids([[S0, S0], [strided, S0], [Shard(0), R]])
+        # equal Shard(0)s share an id; the strided shard of dim 0 does not
+        self.assertEqual(rule_ids[0][0], rule_ids[2][0])
+        self.assertNotEqual(rule_ids[0][0], rule_ids[1][0])
+        self.assertIs(by_id[0][rule_ids[1][0]], strided)
+        self.assertEqual(len(by_id[1]), 2)
+
+    def test_specs_shared_by_combinations_keep_their_own_costs(self) -> None:
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+        mesh = self.mesh((2, 2))
+        schema = strategy_schema(
+            mesh,
+            aten.add.Tensor,
+            (torch.empty(8, 4), torch.empty(8, 4)),
+            candidates=capped_candidates(4),
+        )
+        # every rule replicates the second input: all combinations share its spec
+        rules = [[S0, S0, R], [Shard(1), Shard(1), R], [R, R, R]]
+        strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
+        specs = strategy.strategies
+        self.assertEqual(len(specs), 9)
+        rows = [spec.redistribute_cost[1] for spec in specs]
+        self.assertEqual(len({id(row) for row in rows}), len(rows))
+        before = list(rows[1])
+        rows[0][0] = -1.0  # a planner editing one spec's costs
+        self.assertEqual(rows[1], before)
+        for spec in specs:
+            self.assertEqual(spec.input_specs[1].placements, (R, R))
+            self.assertEqual(
+                spec.input_specs[1].tensor_meta, schema.args_schema[1].strategies[0].output_spec.tensor_meta
+            )
+
+
+
+instantiate_parametrized_tests(TestExpandToFullMesh)
+
+
+if __name__ == "__main__":
+    run_tests()
