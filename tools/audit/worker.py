@@ -328,12 +328,12 @@ def cache_sizes(propagator: Any) -> dict[str, dict[str, int | None]]:
     info = propagator.propagate_op_sharding.cache_info()
     sizes["sharding_prop"] = {"entries": info.currsize, "bound": info.maxsize}
     try:
-        from torch.distributed.tensor._ops import _finalize_strategy, _redistribute_cost_cache
+        from torch.distributed.tensor._ops import _output_metas, _redistribute_cost_cache
     except ImportError:
         return sizes
     sizes["output_metas"] = {
-        "entries": _finalize_strategy.meta_cache_size(),
-        "bound": _finalize_strategy._META_CACHE_SIZE,
+        "entries": _output_metas.meta_cache_size(),
+        "bound": _output_metas._META_CACHE_SIZE,
     }
     sizes["redistribute_cost"] = {
         "entries": _redistribute_cost_cache.cost_cache_size(),
