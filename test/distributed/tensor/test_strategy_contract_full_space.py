@@ -23,6 +23,7 @@ compared element by element, as DTensor expands them.
 """
 
 import functools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,13 +124,21 @@ def schema_for(
     mesh: DeviceMesh, op: OpOverload, calls: Sequence[Call], candidates: Any
 ) -> OpSchema | None:
     """The strategy schema of the first of ``calls`` that shape inference accepts."""
-    for args, kwargs in calls:
-        schema = strategy_schema(mesh, op, args, kwargs, candidates)
-        try:
-            infer_output_metas(schema)
-        except Exception:
-            continue
-        return schema
+    # Fake tensors log the meta kernel's refusal of another op's arguments (a
+    # float tensor for __lshift__) before raising it; the refusal is expected.
+    fake_tensor_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_tensor_log.level
+    fake_tensor_log.setLevel(logging.CRITICAL)
+    try:
+        for args, kwargs in calls:
+            schema = strategy_schema(mesh, op, args, kwargs, candidates)
+            try:
+                infer_output_metas(schema)
+            except Exception:
+                continue
+            return schema
+    finally:
+        fake_tensor_log.setLevel(level)
     return None
 
 
