@@ -10,10 +10,13 @@ Run from the repository root::
     python -m tools.audit --parity              # also the runtime parity sweep (DTensor eager vs torch)
     python -m tools.audit --parity-only --ops add,mm,softmax
 
-The worker (``tools/audit/worker.py``) runs once under each python, in parallel,
-and writes one JSON each under ``.build/audit/``. This orchestrator only uses the
-standard library: it merges both, prints the side-by-side tables and writes
-``reports/audit.json`` and ``reports/audit.md``.
+The worker (``tools/audit/worker.py``) runs the contract mode of
+``strategy_validation`` (``python -m torch.distributed.tensor._ops.strategy_validation
+--contract``, whose options and counts it shares) once under each python, in
+parallel, and writes one JSON each under ``.build/audit/``. This orchestrator is the
+comparison of the two and the report over it, and only uses the standard library: it
+merges both, prints the side-by-side tables and writes ``reports/audit.json`` and
+``reports/audit.md``.
 
 ``--strict`` fails when the built torch has any contract violation, any exception
 while a strategy is queried, or when a runtime selection (output placements,
@@ -557,7 +560,7 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
         rules = merged["coverage"].get(role, {}).get("rules", {})
         if rules.get("registered"):
             out.append(f"{'- ' if md else '  '}{role}: {rules['registered']} ops have only a propagation rule "
-                       f"({rules['reached']} reached); the audit (contract_sweep) does not query rules")
+                       f"({rules['reached']} reached); the contract mode does not query rules")
         shadowed = rules.get("shadowed_by_strategies")
         if shadowed:
             out.append(f"{'- ' if md else '  '}{role}: op_to_rules entries also registered as strategies "

@@ -672,6 +672,24 @@ class TestAuditSubprocess(TestCase):
             if cache["bound"] is not None:
                 self.assertLessEqual(cache["entries"], cache["bound"], name)
 
+    def test_contract_mode_counts_as_the_worker(self) -> None:
+        """``strategy_validation --contract`` and the audit's worker count the same ops alike."""
+        with tempfile.TemporaryDirectory() as tmp:
+            cli, out = Path(tmp) / "cli.json", Path(tmp) / "w.json"
+            ops = ["--op", "t,nn.functional.relu", "--meshes", "4", "--max-samples", "2"]
+            proc = _run([sys.executable, "-m", "torch.distributed.tensor._ops.strategy_validation", "--contract",
+                         "--device", "cpu", *ops, "--json", str(cli)])
+            self.assertIn(proc.returncode, (0, 1), proc.stderr[-3000:])
+            self.assertIn("Summary (OpSpecs breaking each clause)", proc.stdout)
+            self.assertIn("aten.relu.default", proc.stdout)
+            proc = _run([sys.executable, "-m", "tools.audit.worker", "--role", "built", "--out", str(out), *ops])
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            worker_results = json.loads(out.read_text())["results"]
+            self.assertEqual(json.loads(cli.read_text()), worker_results)
+        self.assertEqual([(r["mode"], r["mesh"]) for r in worker_results],
+                         [("runtime", "4"), ("planner", "4"), ("utility", "4")])
+        self.assertGreater(sum(r["queries"] for r in worker_results), 0)
+
     def test_strict_fails_on_planted_violation(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             preload = Path(tmp) / "plant.py"
