@@ -185,6 +185,23 @@ def coverage(sweep: Any, propagator: Any, captured: set[Any], queried: dict[str,
     return cov
 
 
+def results_json(cv: Any, validation: Any) -> list[dict[str, Any]]:
+    """Per (mode, mesh) of the contract mode's counts: totals, per registry, details per op."""
+    out = []
+    for (mode, mesh), per_op in validation.results.items():
+        ops = sorted(per_op.values(), key=lambda c: c.op)
+        rec: dict[str, Any] = {"mode": mode, "mesh": mesh, **cv.totals(ops)}
+        rec["by_registry"] = {r: cv.totals(c for c in ops if c.registry == r) for r in sorted({c.registry for c in ops})}
+        for name, attr in (("error_details", "errors"), ("refusal_details", "refusals")):
+            rec[name] = sorted((e for c in ops for e in getattr(c, attr).values()),
+                               key=lambda d: (d["op"], d["type"], d["message"]))
+        rec["violating_ops"] = [{"op": c.op, "registry": c.registry, "specs_by_clause": dict(sorted(c.clauses.items())),
+                                 "example": next(iter(c.examples.values()))["violation"], "examples": c.examples}
+                                for c in ops if c.clauses]
+        out.append(rec)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     t_start = time.monotonic()
@@ -264,8 +281,10 @@ def main(argv: list[str] | None = None) -> int:
                    "query_timeout": args.query_timeout, "preload": args.preload},
         "capture": {"stats": stats, "counts": dict(sorted(counts.items()))},
         "caches": cache_sizes(DTensor._op_dispatcher.sharding_propagator),
-        "results": validation.to_json(),
+        "results": results_json(cv, validation),
+        # the contract mode's text: its ops that break the contract or raise, and its summary
         "report": validation.format_ops(only_failed=True, limit=REPORT_OPS),
+        "summary": validation.format_summary(per_op_table=False),
         "infer_failed": sorted(infer_failed, key=lambda d: d["op"]),
         "refusal_reasons": {**cv.sweep.RUNTIME_REFUSALS,
                             **{t.__name__: r for t, r in cv.sweep.RUNTIME_REFUSAL_TYPES.items()}},

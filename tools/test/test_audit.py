@@ -148,7 +148,7 @@ class _Audit:
         self.validation.validate_call(call)
 
     def results(self) -> list[dict[str, Any]]:
-        return self.validation.to_json()
+        return worker.results_json(worker.load_validation(), self.validation)
 
 
 class TestAuditInProcess(TestCase):
@@ -675,20 +675,29 @@ class TestAuditSubprocess(TestCase):
     def test_contract_mode_counts_as_the_worker(self) -> None:
         """``strategy_validation --contract`` and the audit's worker count the same ops alike."""
         with tempfile.TemporaryDirectory() as tmp:
-            cli, out = Path(tmp) / "cli.json", Path(tmp) / "w.json"
-            ops = ["--op", "t,nn.functional.relu", "--meshes", "4", "--max-samples", "2"]
-            proc = _run([sys.executable, "-m", "torch.distributed.tensor._ops.strategy_validation", "--contract",
-                         "--device", "cpu", *ops, "--json", str(cli)])
-            self.assertIn(proc.returncode, (0, 1), proc.stderr[-3000:])
-            self.assertIn("Summary (OpSpecs breaking each clause)", proc.stdout)
-            self.assertIn("aten.relu.default", proc.stdout)
-            proc = _run([sys.executable, "-m", "tools.audit.worker", "--role", "built", "--out", str(out), *ops])
+            out, preload = Path(tmp) / "w.json", Path(tmp) / "plant.py"
+            # both sides see the planted bad aten.t strategy, so clause counts are compared too
+            preload.write_text(PRELOAD)
+            ops = ["--op", "t,nn.functional.relu", "--meshes", "4,2x2", "--max-samples", "2"]
+            run_cli = ("import runpy, sys; runpy.run_path(sys.argv.pop(1)); "
+                       "runpy.run_module('torch.distributed.tensor._ops.strategy_validation', run_name='__main__')")
+            cli = _run([sys.executable, "-c", run_cli, str(preload), "--contract", "--device", "cpu", *ops])
+            self.assertEqual(cli.returncode, 1, cli.stderr[-3000:])
+            proc = _run([sys.executable, "-m", "tools.audit.worker", "--role", "built", "--out", str(out), *ops,
+                         "--preload", str(preload)])
             self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-            worker_results = json.loads(out.read_text())["results"]
-            self.assertEqual(json.loads(cli.read_text()), worker_results)
-        self.assertEqual([(r["mode"], r["mesh"]) for r in worker_results],
-                         [("runtime", "4"), ("planner", "4"), ("utility", "4")])
-        self.assertGreater(sum(r["queries"] for r in worker_results), 0)
+            doc = json.loads(out.read_text())
+        self.assertIn("aten.relu.default", cli.stdout)
+        # the per (mode, mesh) table of the CLI is the worker's, from the same counts
+        table = doc["summary"].split("=" * 70)[-1].strip()
+        self.assertIn(table, cli.stdout)
+        table = table.splitlines()
+        for r in doc["results"]:
+            row = next(line.split() for line in table if line.split()[:2] == [r["mode"], r["mesh"]])
+            self.assertEqual(row[2:4], [str(r["ops_sampled"]), str(r["ops_with_violations"])])
+            self.assertEqual(row[-3:], [str(r["errors"]), str(r["refused"]), str(r["no_strategy"])])
+        self.assertGreater(sum(r["violations"]["C1"] for r in doc["results"]), 0)
+        self.assertIn("C1 aten.t.default strategy 0", cli.stdout)
 
     def test_strict_fails_on_planted_violation(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:

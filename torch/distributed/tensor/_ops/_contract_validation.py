@@ -96,9 +96,10 @@ InferFunc = Callable[[OpSchema], Any]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``--contract`` flag and the options only the contract mode reads.
 
-    ``--op``, ``--all-registered``, ``--device`` and ``--max-samples`` are
-    ``strategy_validation``'s own; the audit's worker parses these same options,
-    so both run with the same defaults.
+    ``--op``, ``--all-registered`` (here: every OpInfo, each reaching what it
+    reaches), ``--device`` and ``--max-samples`` (per OpInfo and dtype, default 3)
+    are ``strategy_validation``'s own; the audit's worker parses these same
+    options, so both run with the same defaults.
     """
     group = parser.add_argument_group("strategy contract (--contract)")
     group.add_argument(
@@ -106,22 +107,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="check C1-C5 of strategy_contract for every strategy the samples reach",
     )
-    group.add_argument("--meshes", default="4,2x2", help="mesh shapes, e.g. 4,2x2,2x2x2")
+    group.add_argument(
+        "--meshes", default="4,2x2", help="mesh shapes, e.g. 4,2x2,2x2x2"
+    )
     group.add_argument("--modes", default=",".join(sweep.MODES))
     group.add_argument(
         "--dtypes",
         default="float32,bfloat16,int64,bool,complex64",
         help="dtypes to sample in (each one an OpInfo supports; --dtype is not read)",
     )
-    group.add_argument("--calls-per-op", type=int, default=4, help="captured calls asked per aten op")
-    group.add_argument("--candidates", type=int, default=16, help="planner candidates per input")
     group.add_argument(
-        "--foreach-tensors", type=int, default=8, help="tensors per foreach list (0: 20)"
+        "--calls-per-op", type=int, default=4, help="captured calls asked per aten op"
     )
     group.add_argument(
-        "--query-timeout", type=float, default=60.0, help="CPU seconds per query (0: none)"
+        "--candidates", type=int, default=16, help="planner candidates per input"
     )
-    group.add_argument("--json", default=None, help="also write the counts to this file")
+    group.add_argument(
+        "--foreach-tensors",
+        type=int,
+        default=8,
+        help="tensors per foreach list (0: 20)",
+    )
+    group.add_argument(
+        "--query-timeout",
+        type=float,
+        default=60.0,
+        help="CPU seconds per query (0: none)",
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -203,7 +215,9 @@ def capture(
     matched = set(recorder.calls) | set(recorder.tensorless)
     for pattern in aten:
         if not any(aten_selected([pattern], op) for op in matched):
-            raise ValueError(f'"{pattern}" names no OpInfo and no aten op the samples call')
+            raise ValueError(
+                f'"{pattern}" names no OpInfo and no aten op the samples call'
+            )
     return recorder, dict(counts)
 
 
@@ -230,10 +244,14 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         return
 
     def expire(signum: int, frame: Any) -> None:
-        exc = QueryTimeout(f"query used more than {seconds:g}s of CPU (--query-timeout)")
+        exc = QueryTimeout(
+            f"query used more than {seconds:g}s of CPU (--query-timeout)"
+        )
         if frame is not None:
             code = frame.f_code
-            exc.where = f"{Path(code.co_filename).name}:{frame.f_lineno} in {code.co_name}"
+            exc.where = (
+                f"{Path(code.co_filename).name}:{frame.f_lineno} in {code.co_name}"
+            )
         raise exc
 
     previous = signal.signal(signal.SIGPROF, expire)
@@ -412,7 +430,9 @@ class ContractValidation:
             configs.append(("input 0 Shard(0)", [sharded] + configs[0][1][1:]))
         return configs
 
-    def queries(self, call: sweep.CapturedCall, mesh: DeviceMesh, mode: str) -> list[Query]:
+    def queries(
+        self, call: sweep.CapturedCall, mesh: DeviceMesh, mode: str
+    ) -> list[Query]:
         """The queries of ``call`` on ``mesh`` in ``mode``; none for an op no
         registry holds, or, in utility mode, for an op without single-dim rules."""
         registry = sweep.strategy_registry(call.op)
@@ -426,7 +446,9 @@ class ContractValidation:
         out = []
         propagator = sweep._sharding_propagator()
         for label, placements in self.runtime_placements(mesh, call):
-            runtime = sweep.runtime_schema(mesh, call.op, call.args, call.kwargs, placements)
+            runtime = sweep.runtime_schema(
+                mesh, call.op, call.args, call.kwargs, placements
+            )
             schema = propagator._wrap_with_op_strategy(runtime)
             out.append(Query(call, mesh, mode, label, schema, runtime))
         return out
@@ -439,7 +461,9 @@ class ContractValidation:
                 if query.mode == "utility":
                     strategy = sweep.utility_strategy(query.schema, query.mesh)
                 else:
-                    strategy = sweep.query_strategy(query.schema, query.mesh, query.runtime)
+                    strategy = sweep.query_strategy(
+                        query.schema, query.mesh, query.runtime
+                    )
         except (Exception, QueryTimeout) as e:
             refused = None
             if query.runtime is not None and isinstance(e, Exception):
@@ -460,7 +484,9 @@ class ContractValidation:
     def validate_call(self, call: sweep.CapturedCall) -> None:
         registry = sweep.strategy_registry(call.op)
         if registry is None:
-            raise ValueError(f"{call.op} is in no DTensor registry; only registered ops are asked")
+            raise ValueError(
+                f"{call.op} is in no DTensor registry; only registered ops are asked"
+            )
         op = str(call.op)
         for (mode, mesh_name), per_op in self.results.items():
             if mode == "utility" and registry != "single_dim":
@@ -474,7 +500,13 @@ class ContractValidation:
                 continue
             except Exception as e:
                 entry = counts.uninferable.setdefault(
-                    _short(e), {"type": _short(e)[0], "message": _short(e)[1], "call": str(call), "calls": 0}
+                    _short(e),
+                    {
+                        "type": _short(e)[0],
+                        "message": _short(e)[1],
+                        "call": str(call),
+                        "calls": 0,
+                    },
                 )
                 entry["calls"] += 1
                 continue
@@ -486,7 +518,9 @@ class ContractValidation:
                 if query.runtime is not None and self.after_runtime is not None:
                     self.after_runtime(query, answer)
 
-    def _record(self, counts: OpCounts, query: Query, mesh_name: str, answer: Answer) -> None:
+    def _record(
+        self, counts: OpCounts, query: Query, mesh_name: str, answer: Answer
+    ) -> None:
         counts.queries += 1
         where = f"{query.mode} {query.label} on mesh {mesh_name}"
         if answer.error is not None:
@@ -496,16 +530,25 @@ class ContractValidation:
             entry = table.setdefault(
                 key or (kind, message),
                 {
-                    "op": counts.op, "registry": counts.registry, "mode": query.mode,
-                    "mesh": mesh_name, "type": kind, "message": message,
-                    "raised_at": _raised_at(answer.error), "query": where,
-                    "call": str(query.call), "source": query.call.source, "count": 0,
+                    "op": counts.op,
+                    "registry": counts.registry,
+                    "mode": query.mode,
+                    "mesh": mesh_name,
+                    "type": kind,
+                    "message": message,
+                    "raised_at": _raised_at(answer.error),
+                    "query": where,
+                    "call": str(query.call),
+                    "source": query.call.source,
+                    "count": 0,
                 },
             )
             if key:
                 entry.update(refusal=key, reason=answer.refusal)
             if self.tracebacks and "traceback" not in entry:
-                entry["traceback"] = "".join(traceback.format_exception(answer.error, limit=-6))
+                entry["traceback"] = "".join(
+                    traceback.format_exception(answer.error, limit=-6)
+                )
             entry["count"] += 1
             return
         if answer.strategy is None:
@@ -523,36 +566,6 @@ class ContractValidation:
 
     # -- summing up ------------------------------------------------------------------
 
-    def to_json(self) -> list[dict[str, Any]]:
-        """Per (mode, mesh): the totals, per registry, and the details per op."""
-        out = []
-        for (mode, mesh_name), per_op in self.results.items():
-            rec: dict[str, Any] = {"mode": mode, "mesh": mesh_name, **_totals(per_op.values())}
-            registries = sorted({c.registry for c in per_op.values()})
-            rec["by_registry"] = {
-                r: _totals(c for c in per_op.values() if c.registry == r) for r in registries
-            }
-            rec["error_details"] = sorted(
-                (e for c in per_op.values() for e in c.errors.values()),
-                key=lambda d: (d["op"], d["type"], d["message"]),
-            )
-            rec["refusal_details"] = sorted(
-                (e for c in per_op.values() for e in c.refusals.values()),
-                key=lambda d: (d["op"], d["type"], d["message"]),
-            )
-            rec["violating_ops"] = [
-                {
-                    "op": c.op, "registry": c.registry,
-                    "specs_by_clause": dict(sorted(c.clauses.items())),
-                    "example": next(iter(c.examples.values()))["violation"],
-                    "examples": c.examples,
-                }
-                for c in sorted(per_op.values(), key=lambda c: c.op)
-                if c.clauses
-            ]
-            out.append(rec)
-        return out
-
     def format_ops(self, only_failed: bool = False, limit: int | None = None) -> str:
         """Per op: its queries and OpSpecs, then per mode and mesh what broke,
         with the first example of each clause and every error."""
@@ -560,7 +573,11 @@ class ContractValidation:
         for (mode, mesh_name), per_op in self.results.items():
             for op, counts in per_op.items():
                 ops[op].append((f"{mode} mesh {mesh_name}", counts))
-        names = sorted(o for o, cs in ops.items() if not only_failed or any(c.failed for _, c in cs))
+        names = sorted(
+            o
+            for o, cs in ops.items()
+            if not only_failed or any(c.failed for _, c in cs)
+        )
         lines = []
         for i, op in enumerate(names[:limit], 1):
             per = ops[op]
@@ -573,17 +590,34 @@ class ContractValidation:
             lines.append("-" * 70)
             for where, c in per:
                 broke = [f"{k} {n}" for k, n in sorted(c.clauses.items())]
-                broke += [f"{sum(e['count'] for e in c.errors.values())} errors"] if c.errors else []
-                broke += [f"{sum(e['count'] for e in c.refusals.values())} refused"] if c.refusals else []
+                broke += (
+                    [f"{sum(e['count'] for e in c.errors.values())} errors"]
+                    if c.errors
+                    else []
+                )
+                broke += (
+                    [f"{sum(e['count'] for e in c.refusals.values())} refused"]
+                    if c.refusals
+                    else []
+                )
                 if broke:
                     lines.append(f"  {where}: " + ", ".join(broke))
-                lines += [f"    {e['violation']}\n      in {e['query']}: {e['call']}" for e in c.examples.values()]
-                lines += [f"    raised {e['type']}: {e['message']}\n      in {e['query']}: {e['call']}"
-                          for e in c.errors.values()]
-                lines += [f"    shape inference raised {e['type']}: {e['message']}\n      in {e['call']}"
-                          for e in c.uninferable.values()]
+                lines += [
+                    f"    {e['violation']}\n      in {e['query']}: {e['call']}"
+                    for e in c.examples.values()
+                ]
+                lines += [
+                    f"    raised {e['type']}: {e['message']}\n      in {e['query']}: {e['call']}"
+                    for e in c.errors.values()
+                ]
+                lines += [
+                    f"    shape inference raised {e['type']}: {e['message']}\n      in {e['call']}"
+                    for e in c.uninferable.values()
+                ]
         if limit is not None and len(names) > limit:
-            lines.append(f"... and {len(names) - limit} more ops: {', '.join(names[limit:])}")
+            lines.append(
+                f"... and {len(names) - limit} more ops: {', '.join(names[limit:])}"
+            )
         return "\n".join(lines)
 
     def format_summary(self, per_op_table: bool = True) -> str:
@@ -592,29 +626,62 @@ class ContractValidation:
         for counts in self.results.values():
             for op, c in counts.items():
                 per_op[op].append(c)
-        rows = [[op, *_row(cs), f"{sum(c.seconds for c in cs):.1f}s"] for op, cs in sorted(per_op.items())]
-        rows.append(["Total", *_row([c for cs in per_op.values() for c in cs]),
-                     f"{sum(c.seconds for cs in per_op.values() for c in cs):.1f}s"])
+        rows = [
+            [op, *_row(cs), f"{sum(c.seconds for c in cs):.1f}s"]
+            for op, cs in sorted(per_op.items())
+        ]
+        rows.append(
+            [
+                "Total",
+                *_row([c for cs in per_op.values() for c in cs]),
+                f"{sum(c.seconds for cs in per_op.values() for c in cs):.1f}s",
+            ]
+        )
         headers = ["Op", *CLAUSES, "Errors", "Refused", "No strategy", "Time"]
         by_mesh = [
-            [mode, mesh, len(cs), sum(1 for c in cs.values() if c.clauses), *_row(cs.values(), True)]
+            [
+                mode,
+                mesh,
+                len(cs),
+                sum(1 for c in cs.values() if c.clauses),
+                *_row(cs.values(), True),
+            ]
             for (mode, mesh), cs in self.results.items()
         ]
-        return "\n".join([
-            "\n" + "=" * 70, "Summary (OpSpecs breaking each clause)", "=" * 70,
-            *([_table(headers, rows), ""] if per_op_table else []),
-            _table(["mode", "mesh", "ops", "ops w/ viol", *CLAUSES, "errors", "refused", "no strategy"], by_mesh),
-        ])
+        return "\n".join(
+            [
+                "\n" + "=" * 70,
+                "Summary (OpSpecs breaking each clause)",
+                "=" * 70,
+                *([_table(headers, rows), ""] if per_op_table else []),
+                _table(
+                    [
+                        "mode",
+                        "mesh",
+                        "ops",
+                        "ops w/ viol",
+                        *CLAUSES,
+                        "errors",
+                        "refused",
+                        "no strategy",
+                    ],
+                    by_mesh,
+                ),
+            ]
+        )
 
 
-def _totals(ops: Any) -> dict[str, Any]:
+def totals(ops: Any) -> dict[str, Any]:
+    """What :class:`OpCounts` ``ops`` add up to (OpSpecs per clause, ops per clause, ...)."""
     ops = list(ops)
     return {
         "ops_sampled": len(ops),
         "ops_with_violations": sum(1 for c in ops if c.clauses),
         "violations": {k: sum(c.clauses[k] for c in ops) for k in CLAUSES},
         "ops_by_clause": {k: sum(1 for c in ops if c.clauses[k]) for k in CLAUSES},
-        "c5_by_child_clause": dict(sorted(sum((c.c5_children for c in ops), Counter()).items())),
+        "c5_by_child_clause": dict(
+            sorted(sum((c.c5_children for c in ops), Counter()).items())
+        ),
         "errors": sum(e["count"] for c in ops for e in c.errors.values()),
         "ops_with_errors": sum(1 for c in ops if c.errors),
         "refused": sum(e["count"] for c in ops for e in c.refusals.values()),
@@ -627,9 +694,10 @@ def _totals(ops: Any) -> dict[str, Any]:
 
 
 def _row(ops: Any, with_ops: bool = False) -> list[str]:
-    t = _totals(ops)
+    t = totals(ops)
     cells = [
-        f"{t['violations'][k]} ({t['ops_by_clause'][k]})" if with_ops and t["violations"][k]
+        f"{t['violations'][k]} ({t['ops_by_clause'][k]})"
+        if with_ops and t["violations"][k]
         else str(t["violations"][k])
         for k in CLAUSES
     ]
@@ -642,7 +710,8 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 
     def fmt(row: list[str]) -> str:
         return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths))
         ).rstrip()
 
     return "\n".join([fmt(headers), "-" * len(fmt(headers))] + [fmt(r) for r in cells])
@@ -669,7 +738,11 @@ def validate(
     The process group must hold as many ranks as the largest mesh.
     """
     use_cli_sample_sizes()
-    patterns = [] if args.all_registered or not args.op else [p.strip() for p in args.op.split(",")]
+    patterns = (
+        []
+        if args.all_registered or not args.op
+        else [p.strip() for p in args.op.split(",")]
+    )
     picked, aten = select_opinfos(patterns)
 
     def phase(name: str) -> Callable[[int, int], None] | None:
@@ -692,9 +765,11 @@ def validate(
 
 
 def main(args: argparse.Namespace) -> int:
-    """``strategy_validation --contract``: print C1-C5 per op; 1 if any broke or raised."""
-    import json
+    """``strategy_validation --contract``: print C1-C5 per op.
 
+    Returns 1 when an op broke a clause, raised (a runtime refusal does not
+    count) or could not be shape-inferred, else 0.
+    """
     import torch.distributed as dist
     from torch.distributed.tensor._ops.strategy_contract import (
         check_strategy_contract,
@@ -703,12 +778,20 @@ def main(args: argparse.Namespace) -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if args.device != "cpu":
-        raise SystemExit("--contract asks DTensor's registries on CPU meshes: pass --device cpu")
-    ranks = max(math.prod(int(x) for x in s.split("x")) for s in args.meshes.split(",") if s)
+        raise SystemExit(
+            "--contract asks DTensor's registries on CPU meshes: pass --device cpu"
+        )
+    if not args.op and not args.all_registered:
+        args.op = "add"  # strategy_validation's default
+    ranks = max(
+        math.prod(int(x) for x in s.split("x")) for s in args.meshes.split(",") if s
+    )
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
     try:
         t0 = time.monotonic()
-        cv, recorder, counts = validate(args, check_strategy_contract, infer_output_metas)
+        cv, recorder, counts = validate(
+            args, check_strategy_contract, infer_output_metas
+        )
         print(f"Testing ops: {', '.join(str(op) for op in cv.calls)}")
         print(
             f"Mode: contract (C1-C5), meshes {args.meshes}, modes {args.modes}; "
@@ -721,9 +804,9 @@ def main(args: argparse.Namespace) -> int:
         )
         print(cv.format_ops())
         print(cv.format_summary())
-        if args.json:
-            Path(args.json).write_text(json.dumps(cv.to_json(), indent=1, default=str))
-        failed = any(c.failed for per_op in cv.results.values() for c in per_op.values())
+        failed = any(
+            c.failed for per_op in cv.results.values() for c in per_op.values()
+        )
         return 1 if failed else 0
     finally:
         dist.destroy_process_group()
