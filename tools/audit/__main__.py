@@ -10,10 +10,13 @@ Run from the repository root::
     python -m tools.audit --parity              # also the runtime parity sweep (DTensor eager vs torch)
     python -m tools.audit --parity-only --ops add,mm,softmax
 
-The worker (``tools/audit/worker.py``) runs once under each python, in parallel,
-and writes one JSON each under ``.build/audit/``. This orchestrator only uses the
-standard library: it merges both, prints the side-by-side tables and writes
-``reports/audit.json`` and ``reports/audit.md``.
+The worker (``tools/audit/worker.py``) runs the contract mode of
+``strategy_validation`` (``python -m torch.distributed.tensor._ops.strategy_validation
+--contract``, whose options and counts it shares) once under each python, in
+parallel, and writes one JSON each under ``.build/audit/``. This orchestrator is the
+comparison of the two and the report over it, and only uses the standard library: it
+merges both, prints the side-by-side tables and writes ``reports/audit.json`` and
+``reports/audit.md``.
 
 ``--strict`` fails when the built torch has any contract violation, any exception
 while a strategy is queried, or when a runtime selection (output placements,
@@ -58,59 +61,31 @@ NUMERIC_RE = re.compile(r"^[-\d\s().]*$")
 
 
 class Progress:
-    """One status line for both workers (a bar on a TTY, sparse lines otherwise)."""
+    """Progress of the workers, a line per worker about every 10% of each phase."""
 
-    def __init__(self, roles: list[str], stream: TextIO = sys.stderr) -> None:
-        self.state = dict.fromkeys(roles, ("starting", 0, 0))
+    def __init__(self, stream: TextIO = sys.stderr) -> None:
         self.stream = stream
-        self.tty = stream.isatty()
         self.lock = threading.Lock()
-        self.last_line: dict[str, tuple] = {}
-        self.t0 = time.monotonic()
-        self.width = 0
-
-    def start(self) -> None:
-        if self.tty:
-            with self.lock:
-                self._draw()
+        self.last: dict[str, tuple[str, int]] = {}
 
     def update(self, role: str, phase: str, done: int, total: int) -> None:
         with self.lock:
-            self.state[role] = (phase, done, total)
-            if self.tty:
-                self._draw()
-            else:
-                # about every 10%, and at the end of each phase
-                bucket = (phase, (10 * done) // max(total, 1))
-                if self.last_line.get(role) != bucket:
-                    self.last_line[role] = bucket
-                    print(f"[audit {role}] {phase} {done}/{total}", file=self.stream, flush=True)
-
-    def _draw(self) -> None:
-        parts = []
-        for role, (phase, done, total) in self.state.items():
-            frac = done / total if total else 0.0
-            bar = "#" * int(frac * 20)
-            parts.append(f"[{role}] {phase:<9} [{bar:<20}] {done}/{total}")
-        elapsed = time.monotonic() - self.t0
-        line = ("  ".join(parts) + f"  {elapsed:5.0f}s")[:200]
-        self.stream.write("\r" + line.ljust(self.width))
-        self.width = len(line)
-        self.stream.flush()
-
-    def finish(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+            step = (phase, (10 * done) // max(total, 1))
+            if self.last.get(role) != step:
+                self.last[role] = step
+                print(f"[audit {role}] {phase} {done}/{total}", file=self.stream, flush=True)
 
 
 def worker_command(python: str, role: str, out: Path, args: argparse.Namespace) -> list[str]:
     cmd = [python, "-m", "tools.audit.worker", "--role", role, "--out", str(out)]
-    for flag in ("ops", "meshes", "modes", "dtypes", "max_samples", "max_calls_per_op", "max_candidates",
-                 "foreach_tensors", "query_timeout", "checker", "preload"):
+    # the worker takes the contract mode's options (strategy_validation --contract)
+    for flag, option in (("ops", "op"), ("meshes", "meshes"), ("modes", "modes"), ("dtypes", "dtypes"),
+                         ("max_samples", "max-samples"), ("max_calls_per_op", "calls-per-op"),
+                         ("max_candidates", "candidates"), ("foreach_tensors", "foreach-tensors"),
+                         ("query_timeout", "query-timeout"), ("checker", "checker"), ("preload", "preload")):
         value = getattr(args, flag)
         if value is not None:
-            cmd += [f"--{flag.replace('_', '-')}", str(value)]
+            cmd += [f"--{option}", str(value)]
     if args.tracebacks:
         cmd.append("--tracebacks")
     return cmd
@@ -148,8 +123,7 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kin
 
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONDONTWRITEBYTECODE="1")
-    progress = Progress(roles)
-    progress.start()
+    progress = Progress()
     procs: dict[str, subprocess.Popen] = {}
     threads = []
     logs = {}
@@ -197,7 +171,6 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kin
             th.join()
     for th in threads:
         th.join()
-    progress.finish()
 
     docs = {}
     failed = []
@@ -270,6 +243,8 @@ def merge(docs: dict[str, dict]) -> dict:
         "selections": sel,
         "coverage": {role: docs[role]["coverage"] for role in docs},
         "capture": {role: docs[role]["capture"] for role in docs},
+        # the contract mode's per-op text of each side (its ops that break the contract or raise)
+        "reports": {role: docs[role].get("report", "") for role in docs},
         "caches": {role: docs[role].get("caches", {}) for role in docs},
         "infer_failed": {role: docs[role]["infer_failed"] for role in docs},
         "torches": {
@@ -504,91 +479,6 @@ def summary_rows(merged: dict) -> list[list]:
 SUMMARY_HEADERS = ["mode", "mesh", "torch", "ops", "ops w/ viol", *CLAUSES, "errors", "refused", "no strategy"]
 
 
-def registry_rows(merged: dict) -> list[list]:
-    rows = []
-    order = []
-    for r in merged["results"]:
-        if f"{r['mode']} {r['mesh']}" not in order:
-            order.append(f"{r['mode']} {r['mesh']}")
-    for r in merged["results"]:
-        for reg in REGISTRIES:
-            b = r.get("by_registry", {}).get(reg)
-            if b is None:
-                continue
-            rows.append([f"{r['mode']} {r['mesh']}", reg, r["torch"], b["ops_sampled"], b["ops_with_violations"],
-                         *(_clause_cell(b, c) for c in CLAUSES), b["errors"], b.get("refused", 0),
-                         b.get("no_strategy", 0)])
-    rows.sort(key=lambda x: (order.index(x[0]), REGISTRIES.index(x[1]), ROLES.index(x[2])))
-    return rows
-
-
-def offenders(merged: dict, role: str, limit: int) -> list[dict]:
-    """Ops ranked by OpSpecs violating the contract, summed over modes and meshes."""
-    agg: dict[str, dict] = {}
-    for r in merged["results"]:
-        if r["torch"] != role:
-            continue
-        for v in r.get("violating_ops", []):
-            e = agg.setdefault(v["op"], {"op": v["op"], "registry": v["registry"], "total": 0,
-                                         "clauses": {}, "where": [], "example": v["example"]})
-            for c, n in v["specs_by_clause"].items():
-                e["clauses"][c] = e["clauses"].get(c, 0) + n
-                e["total"] += n
-            e["where"].append(f"{r['mode']}/{r['mesh']}")
-    return sorted(agg.values(), key=lambda e: (-e["total"], e["op"]))[:limit]
-
-
-def error_summary(merged: dict, role: str) -> list[dict]:
-    """Errors grouped by cause (registry, exception, message, raising frame), most ops first."""
-    agg: dict[tuple, dict] = {}
-    for r in merged["results"]:
-        if r["torch"] != role:
-            continue
-        for e in r.get("error_details", []):
-            # messages often embed the op or a size; the raising frame groups them anyway
-            key = (e["registry"], e["type"], _normalize(e["message"]), e.get("raised_at", ""))
-            d = agg.setdefault(key, {"registry": e["registry"], "type": e["type"], "message": e["message"],
-                                     "raised_at": e.get("raised_at", ""), "ops": [], "where": set(), "count": 0})
-            if e["op"] not in d["ops"]:
-                d["ops"].append(e["op"])
-            d["where"].add(f"{r['mode']}/{r['mesh']}")
-            d["count"] += e["count"]
-    return sorted(agg.values(), key=lambda d: (-len(d["ops"]), -d["count"], d["registry"], d["message"]))
-
-
-PLACEMENTS_RE = re.compile(r"\((?:(?:Replicate|Shard|Partial|_StridedShard)\([^()]*\)(?:, )?)+,?\)")
-
-
-def _normalize(text: str) -> str:
-    text = re.sub(r"TensorMeta\(.*?dtype=torch\.\w+\)", "TensorMeta(...)", text)
-    text = PLACEMENTS_RE.sub("<placements>", text)
-    text = re.sub(r"\b(aten|prims)\.[\w.]+", "<op>", text)
-    text = re.sub(r"\d+", "N", text)
-    return text
-
-
-def violation_categories(merged: dict, role: str) -> list[dict]:
-    """Violations grouped by (registry, clause, shape of the message), with example ops."""
-    agg: dict[tuple, dict] = {}
-    for r in merged["results"]:
-        if r["torch"] != role:
-            continue
-        for v in r.get("violating_ops", []):
-            for clause, ex in v.get("examples", {}).items():
-                text = ex["violation"]
-                # drop "C1 <op> strategy N" so the key is what is wrong, not where
-                what = re.sub(r"^\S+ \S+ strategy -?\d+ ", "", text)
-                key = (v["registry"], text.split(" ", 1)[0], _normalize(what))
-                d = agg.setdefault(key, {"registry": v["registry"], "clause": key[1], "pattern": key[2],
-                                         "ops": [], "specs": 0, "where": set(), "example": text,
-                                         "call": ex.get("call", ""), "query": ex.get("query", "")})
-                if v["op"] not in d["ops"]:
-                    d["ops"].append(v["op"])
-                d["specs"] += v["specs_by_clause"].get(clause, 0)
-                d["where"].add(f"{r['mode']}/{r['mesh']}")
-    return sorted(agg.values(), key=lambda d: (-len(d["ops"]), -d["specs"]))
-
-
 def _ops_list(ops: list[str], n: int) -> str:
     shown = ", ".join(o.replace("aten.", "") for o in ops[:n])
     return shown + (f" +{len(ops) - n}" if len(ops) > n else "")
@@ -654,53 +544,14 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
     if parts:
         out.append("")
         out.append("Built (what `--strict` checks): " + "; ".join(parts) + ".")
-    out.append("")
-    out.append(fold("Per registry"))
-    out.append(table(["mode mesh", "registry", "torch", "ops", "ops w/ viol", *CLAUSES, "errors", "refused",
-                      "no strategy"], registry_rows(merged), md))
-    out.append(unfold)
-
-    covered = list(merged["coverage"])
-    focus = "built" if "built" in covered else (covered[0] if covered else None)
-    if focus is not None:
-        worst = offenders(merged, focus, top)
-        out.append("")
-        out.append(fold(f"Top offending ops ({focus}), {len(worst)} shown"))
-        if worst:
-            rows = [[e["op"], e["registry"], e["total"],
-                     " ".join(f"{c}:{n}" for c, n in sorted(e["clauses"].items())),
-                     _code(e["example"], 150, md)] for e in worst]
-            out.append(table(["op", "registry", "OpSpecs", "clauses", "example"], rows, md))
-        else:
-            out.append("none")
-        out.append(unfold)
-        cats = violation_categories(merged, focus)
-        out.append("")
-        out.append(fold(f"Violation categories ({focus}): {len(cats)}"))
-        if cats:
-            n = top if not md else min(top, 10)
-            rows = [[c["registry"], c["clause"], len(c["ops"]), c["specs"], _ops_list(c["ops"], 3),
-                     _code(c["example"], 170, md)] for c in cats[:n]]
-            out.append(table(["registry", "clause", "ops", "OpSpecs", "example ops", "example"], rows, md))
-            if len(cats) > n:
-                out.append(f"... {len(cats) - n} more categories in reports/audit.json (violating_ops)")
-        else:
-            out.append("none")
-        out.append(unfold)
-        errs = error_summary(merged, focus)
-        out.append("")
-        out.append(fold(f"Errors ({focus}), by cause: {len(errs)}"))
-        if errs:
-            n = top if not md else min(top, 10)
-            rows = [[e["registry"], len(e["ops"]), e["count"], ",".join(sorted(e["where"])),
-                     _code(f"{e['type']}: {e['message'] or '(no message)'}", 100, md), e["raised_at"],
-                     _ops_list(e["ops"], 3)] for e in errs[:n]]
-            out.append(table(["registry", "ops", "queries", "where", "error", "raised at", "example ops"], rows, md))
-            if len(errs) > n:
-                out.append(f"... {len(errs) - n} more causes in reports/audit.json (error_details)")
-        else:
-            out.append("none")
-        out.append(unfold)
+    for role in ROLES:
+        if role in merged.get("reports", {}):
+            text = merged["reports"][role].strip() or "none"
+            out.append("")
+            out.append(fold(f"Ops that break the contract or raise ({role}), as `strategy_validation --contract` "
+                            "reports them"))
+            out.append(f"```{text}\n```" if md else text)
+            out.append(unfold)
 
     out.append("")
     out.append(h("Coverage (registered ops reached by OpInfo samples)"))
@@ -709,7 +560,7 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
         rules = merged["coverage"].get(role, {}).get("rules", {})
         if rules.get("registered"):
             out.append(f"{'- ' if md else '  '}{role}: {rules['registered']} ops have only a propagation rule "
-                       f"({rules['reached']} reached); the audit (contract_sweep) does not query rules")
+                       f"({rules['reached']} reached); the contract mode does not query rules")
         shadowed = rules.get("shadowed_by_strategies")
         if shadowed:
             out.append(f"{'- ' if md else '  '}{role}: op_to_rules entries also registered as strategies "
@@ -918,8 +769,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=ROLES, help="run a single side")
     ap.add_argument("--ops", default=None,
                     help='comma-separated OpInfo names and/or aten op names, globs allowed (e.g. add,mm,"nn.functional.*")')
-    ap.add_argument("--meshes", default="4,2x2", help="comma-separated mesh shapes among 4, 2x2, 2x4, 2x2x2")
-    ap.add_argument("--modes", default="runtime,planner,utility")
+    ap.add_argument("--meshes", default=None, help="comma-separated mesh shapes among 4, 2x2, 2x4, 2x2x2 (4,2x2)")
+    ap.add_argument("--modes", default=None, help="default runtime,planner,utility")
     ap.add_argument("--dtypes", default=None, help="default float32,bfloat16,int64,bool,complex64")
     ap.add_argument("--max-samples", type=int, default=None, help="samples per OpInfo and dtype (default 3)")
     ap.add_argument("--max-calls-per-op", type=int, default=None, help="distinct calls per aten op (default 4)")

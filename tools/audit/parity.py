@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from tools._modules import write_json_atomically
-from tools.audit.worker import OpFilter, _raised_at, all_opinfos, opinfo_label
+from tools.audit.worker import all_opinfos, load_validation, opinfo_label
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -352,7 +352,7 @@ def run_sample(info: Any, label: str, index: int, sample: Any, mesh_name: str, m
                    message=f"{label} sample {index} mesh {mesh_name}: Timeout: {e} in {e.where}")
         return rec
     except Exception as e:
-        rec.update(outcome="raised", type=type(e).__name__, where=_raised_at(e),
+        rec.update(outcome="raised", type=type(e).__name__, where=load_validation()._raised_at(e),
                    dtensor_s=round(time.perf_counter() - t0, 4),
                    message=f"{label} sample {index} mesh {mesh_name}: {type(e).__name__}: {_first_line(e)}")
         return rec
@@ -470,9 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
     meshes = make_meshes(args.meshes)
-    infos = all_opinfos()
-    flt = OpFilter.parse(args.ops, infos)
-    chosen = [i for i in infos if not flt.active or flt.opinfo_selected(i)]
+    all_opinfos()
+    cv = load_validation()
+    # the contract mode's choice of OpInfos (aten op names choose none here)
+    picked, _ = cv.select_opinfos([p.strip() for p in (args.ops or "").split(",") if p.strip()])
+    chosen = [info for info, named in picked if named]
     t_setup = time.monotonic()
 
     ops: dict[str, dict] = {}
@@ -499,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_version": torch.__version__,
         "torch_file": torch.__file__,
         "python": sys.executable,
-        "config": {"ops": args.ops, "opinfo_patterns": flt.opinfo_patterns, "meshes": args.meshes,
+        "config": {"ops": args.ops, "meshes": args.meshes,
                    "max_samples": args.max_samples, "foreach_tensors": args.foreach_tensors,
                    "op_timeout": args.op_timeout, "dtype": "float32",
                    "default_tolerance": {"rtol": DEFAULT_RTOL, "atol": DEFAULT_ATOL}},

@@ -282,51 +282,51 @@ def run_walk(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """The audit's registry sweep: capture, then every mode's queries and the selections."""
-    import torch
-
     from tools.audit import worker as audit
 
-    audit_args = argparse.Namespace(
-        role="built", dtypes=",".join(audit.DTYPE_NAMES), max_samples=3, pool_cap=64,
-        foreach_tensors=8,
-    )
-    sweep = audit.load_contract_sweep()
-    flt = audit.OpFilter.parse(args.ops, audit.all_opinfos())
-    recorder, capture_info = audit.capture(audit_args, flt)
+    cv = audit.load_validation()
+    sweep = cv.sweep
+    audit_args = argparse.Namespace(dtypes="float32,bfloat16,int64,bool,complex64", max_samples=3,
+                                    foreach_tensors=8)
+    cv.use_cli_sample_sizes()
+    picked, aten = cv.select_opinfos([p.strip() for p in (args.ops or "").split(",") if p.strip()])
+    recorder, capture_counts = cv.capture(picked, aten, audit_args)
     selected = sweep.select_calls(recorder, 4)
-    registry_sweep = sweep.RegistrySweep(selected, lambda *a: (), lambda schema: None,
-                                         sweep.first_candidates(16))
-    meshes = [torch.distributed.device_mesh.DeviceMesh("cpu", torch.arange(4).reshape(s))
-              for s in ((4,), (2, 2))]
+    meshes = cv.make_meshes("4,2x2")
+    # the audit's queries without a checker: only the keys the caches see matter
+    validation = cv.ContractValidation(selected, lambda *a: (), lambda schema: None, meshes,
+                                       candidates=sweep.first_candidates(16))
     queries = errors = timeouts = 0
     for calls in selected.values():
         for call in calls:
-            for mesh in meshes:
-                for mode in audit.MODES:
+            for mesh in meshes.values():
+                for mode in sweep.MODES:
                     try:
-                        built = registry_sweep.queries(call, mesh, mode)
+                        built = validation.queries(call, mesh, mode)
                     except Exception:
                         errors += 1
                         continue
                     for query in built:
                         queries += 1
                         try:
-                            with audit.time_limit(args.query_timeout):
-                                answer = registry_sweep.ask(query, None)
+                            with cv.time_limit(args.query_timeout):
+                                answer = validation.ask(query, None)
                                 if query.runtime is not None:
                                     sweep.runtime_selection(query.runtime)
-                        except audit.QueryTimeout:
+                        except cv.QueryTimeout:
                             timeouts += 1
                             continue
                         except Exception:
                             errors += 1
                             continue
-                        if answer.error is not None:
+                        if isinstance(answer.error, cv.QueryTimeout):
+                            timeouts += 1
+                        elif answer.error is not None:
                             errors += 1
     return {"ops": args.ops, "aten_ops": len(selected),
             "calls": sum(len(c) for c in selected.values()), "queries": queries,
             "errors_and_refusals": errors, "timeouts": timeouts, "meshes": ["4", "2x2"],
-            "capture": capture_info["stats"]}
+            "capture": capture_counts}
 
 
 def parse_sizes(text: str) -> list[int]:

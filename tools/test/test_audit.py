@@ -131,6 +131,26 @@ def _raising_strategy(op_schema: OpSchema) -> NoReturn:
     raise ValueError("planted failure\nsecond line is dropped")
 
 
+class _Audit:
+    """What the worker runs in process: the contract mode's validation, selections recorded."""
+
+    def __init__(self, checker: ModuleType, meshes: str, modes: str) -> None:
+        cv = worker.load_validation()
+        self.sweep = cv.sweep
+        self.selections: dict[str, dict[str, Any]] = {}
+        self.validation = cv.ContractValidation(
+            {}, checker.check_strategy_contract, checker.infer_output_metas, cv.make_meshes(meshes),
+            modes.split(","), self.sweep.first_candidates(16), 60.0,
+            worker.selection_recorder(cv, self.selections, 60.0),
+        )
+
+    def audit_call(self, call: Any) -> None:
+        self.validation.validate_call(call)
+
+    def results(self) -> list[dict[str, Any]]:
+        return worker.results_json(worker.load_validation(), self.validation)
+
+
 class TestAuditInProcess(TestCase):
     own_pg: bool
     checker: ModuleType
@@ -149,14 +169,10 @@ class TestAuditInProcess(TestCase):
             dist.destroy_process_group()
         super().tearDownClass()
 
-    def auditor(self, meshes: str = "4", modes: str = "runtime,planner") -> worker.Auditor:
-        args = argparse.Namespace(
-            role="test", meshes=meshes, modes=modes, max_candidates=16, tracebacks=False,
-            query_timeout=60.0,
-        )
-        return worker.Auditor(args, self.checker)
+    def auditor(self, meshes: str = "4", modes: str = "runtime,planner") -> "_Audit":
+        return _Audit(self.checker, meshes, modes)
 
-    def result(self, auditor: worker.Auditor, mode: str, mesh: str) -> dict[str, Any]:
+    def result(self, auditor: "_Audit", mode: str, mesh: str) -> dict[str, Any]:
         return next(r for r in auditor.results() if r["mode"] == mode and r["mesh"] == mesh)
 
     def test_violation_counted_under_its_clause(self) -> None:
@@ -246,7 +262,7 @@ class TestAuditInProcess(TestCase):
                 pass
 
         a = self.auditor(modes="planner")
-        a.args.query_timeout = 0.3
+        a.validation.query_timeout = 0.3
         with planted(aten.t.default, spin):
             a.audit_call(call)
         r = self.result(a, "planner", "4")
@@ -301,13 +317,13 @@ class TestAuditInProcess(TestCase):
 
     def test_planner_candidates(self) -> None:
         a = self.auditor(meshes="4,2x2")
-        candidates = a.registry_sweep.candidates
-        mesh4 = a.meshes[0][1]
+        candidates = a.validation.candidates
+        mesh4 = a.validation.meshes["4"]
         cands = candidates(mesh4, _meta(4, 3))
         self.assertEqual([str(c) for c in cands[:1]], ["(Replicate(),)"])
         self.assertEqual(len(cands), 3)  # R, S(0), P: dim 1 (3) < 4 cannot be sharded
         self.assertEqual(len(candidates(mesh4, _meta(4, 3, dtype=torch.int64))), 2)  # no Partial
-        mesh22 = a.meshes[1][1]
+        mesh22 = a.validation.meshes["2x2"]
         cands = candidates(mesh22, _meta(4, 3, 2))
         self.assertEqual(len(cands), 16)  # 5 x 5 combinations, capped
         self.assertEqual(str(cands[0]), "(Replicate(), Replicate())")
@@ -621,7 +637,7 @@ class TestAuditSubprocess(TestCase):
             out = Path(tmp) / "w.json"
             proc = _run(
                 [sys.executable, "-m", "tools.audit.worker", "--role", "built", "--out", str(out),
-                 "--ops", "mm,t,split", "--meshes", "4,2x2", "--max-samples", "2"]
+                 "--op", "mm,t,split", "--meshes", "4,2x2", "--max-samples", "2"]
             )
             self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
             self.assertIn("[audit built] query ops", proc.stderr)
@@ -655,6 +671,33 @@ class TestAuditSubprocess(TestCase):
                 self.assertGreater(cache["entries"], 0, name)
             if cache["bound"] is not None:
                 self.assertLessEqual(cache["entries"], cache["bound"], name)
+
+    def test_contract_mode_counts_as_the_worker(self) -> None:
+        """``strategy_validation --contract`` and the audit's worker count the same ops alike."""
+        with tempfile.TemporaryDirectory() as tmp:
+            out, preload = Path(tmp) / "w.json", Path(tmp) / "plant.py"
+            # both sides see the planted bad aten.t strategy, so clause counts are compared too
+            preload.write_text(PRELOAD)
+            ops = ["--op", "t,nn.functional.relu", "--meshes", "4,2x2", "--max-samples", "2"]
+            run_cli = ("import runpy, sys; runpy.run_path(sys.argv.pop(1)); "
+                       "runpy.run_module('torch.distributed.tensor._ops.strategy_validation', run_name='__main__')")
+            cli = _run([sys.executable, "-c", run_cli, str(preload), "--contract", "--device", "cpu", *ops])
+            self.assertEqual(cli.returncode, 1, cli.stderr[-3000:])
+            proc = _run([sys.executable, "-m", "tools.audit.worker", "--role", "built", "--out", str(out), *ops,
+                         "--preload", str(preload)])
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            doc = json.loads(out.read_text())
+        self.assertIn("aten.relu.default", cli.stdout)
+        # the per (mode, mesh) table of the CLI is the worker's, from the same counts
+        table = doc["summary"].split("=" * 70)[-1].strip()
+        self.assertIn(table, cli.stdout)
+        table = table.splitlines()
+        for r in doc["results"]:
+            row = next(line.split() for line in table if line.split()[:2] == [r["mode"], r["mesh"]])
+            self.assertEqual(row[2:4], [str(r["ops_sampled"]), str(r["ops_with_violations"])])
+            self.assertEqual(row[-3:], [str(r["errors"]), str(r["refused"]), str(r["no_strategy"])])
+        self.assertGreater(sum(r["violations"]["C1"] for r in doc["results"]), 0)
+        self.assertIn("C1 aten.t.default strategy 0", cli.stdout)
 
     def test_strict_fails_on_planted_violation(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:

@@ -19,6 +19,7 @@ from torch.distributed.tensor._op_schema import (
     OpStrategy,
     TupleStrategy,
 )
+from torch.distributed.tensor._ops._contract_validation import ContractValidation
 from torch.distributed.tensor._ops.strategy_contract import (
     check_strategy_contract,
     ContractViolation,
@@ -52,7 +53,6 @@ from torch.testing._internal.distributed._tensor.contract_sweep import (
     CallRecorder,
     CapturedCall,
     first_candidates,
-    RegistrySweep,
     RUNTIME_REFUSAL_TYPES,
     RUNTIME_REFUSALS,
     runtime_refusal,
@@ -818,7 +818,7 @@ class TestContractHarness(StrategyContractTestBase):
         call = CapturedCall(
             aten.index.Tensor, (meta_of(x), [meta_of(x[:, 0] > 0)]), {}, "test forward"
         )
-        sweep = RegistrySweep(
+        sweep = ContractValidation(
             {call.op: [call]}, check_strategy_contract, infer_output_metas
         )
         runtime = sweep.queries(call, mesh, "runtime")

@@ -5,7 +5,8 @@ The strategy contract across DTensor's registries, for every op OpInfo samples r
 
 The calls are captured once from ``op_db`` and the foreach OpInfo lists (see
 ``contract_sweep``); each test then asks DTensor for the strategy of every
-captured call of a registered op, on one mesh in one query mode, and fails
+captured call of a registered op, on one mesh in one query mode, with the code
+``strategy_validation --contract`` runs (``_contract_validation``), and fails
 listing every op that broke a clause or raised, with an example of each.
 
 The budget keeps the file to about two minutes of one core:
@@ -28,8 +29,11 @@ Most of the time goes to a few ops whose strategies come from tracing their
 decomposition once per combination of input placements.
 """
 
+from typing import Any
+
 import torch
 from torch._ops import OpOverload
+from torch.distributed.tensor._ops._contract_validation import ContractValidation
 from torch.distributed.tensor._ops.strategy_contract import (
     check_strategy_contract,
     infer_output_metas,
@@ -50,7 +54,6 @@ from torch.testing._internal.distributed._tensor.contract_sweep import (
     MODES,
     opinfo_db,
     registry_coverage,
-    RegistrySweep,
     RUNTIME_REFUSALS,
     select_calls,
     strategy_registry,
@@ -78,7 +81,7 @@ def mesh_name(shape: tuple[int, ...]) -> str:
 class TestStrategyContractRegistry(StrategyContractTestBase):
     calls: dict[OpOverload, list[CapturedCall]]
     capture_counts: dict[str, int]
-    sweep: RegistrySweep
+    metas: dict[str, Any]
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -91,29 +94,34 @@ class TestStrategyContractRegistry(StrategyContractTestBase):
             foreach_tensors=FOREACH_TENSORS,
         )
         cls.calls = select_calls(recorder, CALLS_PER_OP)
-        cls.sweep = RegistrySweep(
-            cls.calls,
-            check_strategy_contract,
-            infer_output_metas,
-            capped_candidates(CANDIDATES_PER_INPUT),
-        )
+        cls.metas = {}  # shape inference of each call, shared by the tests
 
     @parametrize("shape", SWEEP_MESHES, name_fn=mesh_name)
     @parametrize("mode", MODES)
     def test_contract(self, shape: tuple[int, ...], mode: str) -> None:
-        report = self.sweep.run(self.mesh(shape), mode)
-        print(report.summary())
+        validation = ContractValidation(
+            self.calls,
+            check_strategy_contract,
+            infer_output_metas,
+            {mesh_name(shape): self.mesh(shape)},
+            [mode],
+            capped_candidates(CANDIDATES_PER_INPUT),
+            metas=self.metas,
+        )
+        validation.run()
+        print(validation.format_summary(per_op_table=False))
         # utility mode expands the single-dim rules, so it reaches those ops only
         expected = [
             op for op in self.calls if mode != "utility" or strategy_registry(op) == "single_dim"
         ]
-        self.assertEqual(len(report.ops), len(expected))
-        failures = report.failures()
+        (ops,) = validation.results.values()
+        self.assertEqual(len(ops), len(expected))
+        failures = [op for op, c in ops.items() if c.failed and op not in CONTRACT_SKIPS]
         if failures:
             self.fail(
-                f"{len(failures)} of {len(report.ops)} ops break the strategy "
+                f"{len(failures)} of {len(ops)} ops break the strategy "
                 f"contract or raise in {mode} queries on mesh {shape}:\n"
-                + report.format_failures()
+                + validation.format_ops(only_failed=True, limit=40)
             )
 
     def test_coverage(self) -> None:

@@ -1,29 +1,29 @@
 # Copyright (c) Meta Platforms, Inc. and affiliates
 # Owner(s): ["oncall: distributed"]
 """
-A sweep of DTensor's sharding-strategy registries driven by OpInfo samples.
+What the strategy-contract check needs beyond upstream's ``strategy_validation``.
 
-Targeted strategy tests pick their ops and arguments by hand. A sweep reaches
-every registered op some OpInfo sample reaches, with the arguments real code
-passes (keyword arguments, ``None`` for optional tensors, tensor lists, in-place
-variants, the ops autograd runs in backward), and asks DTensor for the op's
-strategy the way its two consumers do:
+``strategy_validation`` picks ops by name, makes OpInfo samples and asks the
+single-dim rules which placements an op supports. The contract mode
+(``torch.distributed.tensor._ops._contract_validation``, run as
+``strategy_validation --contract``) reuses its op resolution and keeps here only
+what it cannot do, each piece for a reason:
 
-* a *runtime* query offers one placement per tensor input, as DTensor's
-  dispatch does before it picks the cheapest spec;
-* a *planner* query offers several candidate placements per tensor input, to
-  see every way the op can run.
-
-The pieces: :func:`capture_calls` records the distinct aten calls samples make,
-tensors reduced to their global ``TensorMeta``; :func:`runtime_schema` and
-:func:`strategy_schema` build what a query hands a strategy;
-:func:`query_strategy` asks the registry DTensor's runtime asks (single-dim
-strategies, then ``op_strategy_funcs``, then the decomposition);
-:func:`runtime_refusal` tells DTensor deliberately refusing a runtime input
-from a failure, per query; and :class:`RegistrySweep` runs every call on a
-mesh and judges the answers with a checker the caller passes in. The
-registry test and the repository's audit (stock vs changed torch) both sweep
-with these pieces.
+* :func:`capture_calls` / :class:`CallRecorder`: ``strategy_validation`` runs the
+  forward of ``op_db`` samples and records calls after they ran; strategies are
+  also registered for backward, in-place and foreach ops (so backward, the
+  in-place variant and the foreach OpInfo lists run too), and an in-place call
+  must be asked with its inputs as they were before the call.
+* :func:`strategy_schema`, :func:`runtime_schema` and the candidate builders
+  (:func:`capped_candidates`, :func:`first_candidates`,
+  :func:`planner_candidates`): ``strategy_validation`` hands rules bare metas; a
+  contract query needs the schema DTensor builds, with one or several candidate
+  placements per input.
+* :func:`query_strategy`, :func:`utility_strategy`, :func:`runtime_selection`:
+  every registry asked the way dispatch, a planner and a rule author ask it,
+  where ``strategy_validation`` expands single-dim rules only.
+* :func:`runtime_refusal`: tells DTensor deliberately refusing a runtime input
+  from a failure, per query; ``strategy_validation`` has no notion of refusals.
 
 Only APIs of torch 2.13.0 as released are used, and nothing that judges
 strategies is imported: the module is also loaded by file path into an
@@ -35,7 +35,7 @@ import itertools
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -66,7 +66,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 __all__ = [
-    "Answer",
     "CONTRACT_SKIPS",
     "MODES",
     "REGISTRIES",
@@ -75,10 +74,6 @@ __all__ = [
     "CallRecorder",
     "CandidateFunc",
     "CapturedCall",
-    "OpReport",
-    "Query",
-    "RegistrySweep",
-    "SweepReport",
     "capped_candidates",
     "capture_calls",
     "first_candidates",
@@ -937,275 +932,3 @@ def registry_coverage(ops: Iterable[OpOverload]) -> dict[str, tuple[int, int]]:
         if registry is not None:
             reached[registry] += 1
     return {r: (reached[r], registered[r]) for r in REGISTRIES}
-
-
-# --------------------------------------------------------------------------------------
-# The sweep
-# --------------------------------------------------------------------------------------
-
-# check_strategy_contract(op_schema, strategy, output_metas) -> violations, each
-# with a ``clause``; infer_output_metas(op_schema) -> the expected output metas.
-CheckFunc = Callable[[OpSchema, StrategyType, Any], Sequence[Any]]
-InferFunc = Callable[[OpSchema], Any]
-
-
-@dataclass
-class OpReport:
-    """What the queries of one op on one mesh in one mode came to."""
-
-    op: str
-    registry: str
-    queries: int = 0
-    # Answered None: the registry does not support the op for that input.
-    no_strategy: int = 0
-    # Calls whose output depends on the input data (a boolean mask index): no
-    # metadata to hold a strategy to, and DTensor cannot run them either.
-    data_dependent: int = 0
-    # Runtime refusals per RUNTIME_REFUSALS reason.
-    refused: dict[str, int] = field(default_factory=dict)
-    # The first example per clause, per exception and per shape inference
-    # failure (nothing to judge the call against), with the query it came from.
-    violations: dict[str, str] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-    uninferable: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.violations or self.errors or self.uninferable)
-
-
-@dataclass
-class SweepReport:
-    """The outcome of a sweep on one mesh in one mode."""
-
-    mesh_shape: tuple[int, ...]
-    mode: str
-    ops: dict[str, OpReport] = field(default_factory=dict)
-
-    def failures(self, skips: Mapping[str, str] = CONTRACT_SKIPS) -> list[OpReport]:
-        """Failing ops outside ``skips``, those that raised first."""
-        failed = [r for op, r in self.ops.items() if r.failed and op not in skips]
-        return sorted(failed, key=lambda r: (not r.errors, r.op))
-
-    def format_failures(
-        self, skips: Mapping[str, str] = CONTRACT_SKIPS, limit: int = 40
-    ) -> str:
-        """Every clause each failing op breaks and everything it raised, with examples.
-
-        Past ``limit`` ops only names follow: when a change breaks everything,
-        the first examples say why and the names how far it goes.
-        """
-        mesh = "x".join(map(str, self.mesh_shape))
-        failures = self.failures(skips)
-        lines = []
-        for r in failures[:limit]:
-            lines.append(f"{r.op} ({r.registry}), {self.mode} queries on mesh {mesh}:")
-            lines += [
-                f"  {c}: {example}" for c, example in sorted(r.violations.items())
-            ]
-            lines += [f"  raised {e}\n    in {q}" for e, q in sorted(r.errors.items())]
-            lines += [
-                f"  shape inference raised {e}\n    in {q}"
-                for e, q in sorted(r.uninferable.items())
-            ]
-        if len(failures) > limit:
-            rest = ", ".join(r.op for r in failures[limit:])
-            lines.append(f"... and {len(failures) - limit} more ops: {rest}")
-        return "\n".join(lines)
-
-    def summary(self) -> str:
-        """One line: queries, and the answers that were no strategy."""
-        mesh = "x".join(map(str, self.mesh_shape))
-        reports = self.ops.values()
-        text = (
-            f"{self.mode} queries on mesh {mesh}: {len(self.ops)} ops, "
-            f"{sum(r.queries for r in reports)} queries, "
-            f"{sum(r.no_strategy for r in reports)} declined (no strategy), "
-            f"{sum(r.data_dependent for r in reports)} data-dependent calls not judged"
-        )
-        refused = [f"{r.op} x{sum(r.refused.values())}" for r in reports if r.refused]
-        if refused:
-            text += ", refused: " + ", ".join(sorted(refused))
-        return text
-
-
-def _short(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
-
-
-@dataclass
-class Query:
-    """One strategy query of a sweep: a captured call, asked on a mesh in one mode.
-
-    ``label`` is the mode for planner and utility queries and names the input
-    placements for runtime ones. ``schema`` is the strategy schema the answer
-    is judged against; ``runtime`` is the ``DTensorSpec`` schema it wraps in a
-    runtime query (what DTensor's dispatch selects from), else ``None``.
-    """
-
-    call: CapturedCall
-    mesh: DeviceMesh
-    mode: str
-    label: str
-    schema: OpSchema
-    runtime: OpSchema | None = None
-
-    def __str__(self) -> str:
-        return f"{self.label}: {self.call} [{self.call.source}]"
-
-
-@dataclass
-class Answer:
-    """What a :class:`Query` came to: exactly one of a judged strategy, no
-    strategy (the registry declined), a runtime refusal or an error."""
-
-    strategy: StrategyType | None = None
-    # The checker's findings about ``strategy``, each with a ``clause``.
-    violations: Sequence[Any] = ()
-    # What the query raised, when it raised.
-    error: Exception | None = None
-    # The RUNTIME_REFUSALS / RUNTIME_REFUSAL_TYPES reason, when ``error`` is
-    # DTensor refusing a runtime input (see :func:`runtime_refusal`).
-    refusal: str | None = None
-
-    @property
-    def declined(self) -> bool:
-        return self.error is None and self.strategy is None
-
-
-class RegistrySweep:
-    """Queries every call of ``calls`` on a mesh in one mode, and judges the answers.
-
-    ``check`` and ``infer`` judge a strategy (``check_strategy_contract`` and
-    ``infer_output_metas`` of ``strategy_contract``); they are passed in so that
-    this module never depends on the version of DTensor it sweeps. Shape
-    inference runs once per call, whatever the mesh and mode.
-
-    :meth:`run` sweeps everything and sums it up per op; callers that count
-    more (the audit: specs per clause, timings, DTensor's selections) drive the
-    same steps themselves: :meth:`expected`, :meth:`queries`, :meth:`ask`.
-    """
-
-    def __init__(
-        self,
-        calls: Mapping[OpOverload, Sequence[CapturedCall]],
-        check: CheckFunc,
-        infer: InferFunc,
-        candidates: CandidateFunc | None = None,
-    ) -> None:
-        self.calls = calls
-        self.check = check
-        self.infer = infer
-        self.candidates = candidates or capped_candidates(6)
-        self._metas: dict[str, tuple[bool, Any]] = {}
-
-    def expected(self, call: CapturedCall, mesh: DeviceMesh) -> Any:
-        """The output metas of ``call``; raises what shape inference raised."""
-        key = str(call)
-        if key not in self._metas:
-            try:
-                schema = strategy_schema(mesh, call.op, call.args, call.kwargs)
-                self._metas[key] = (True, self.infer(schema))
-            except Exception as e:
-                self._metas[key] = (False, e)
-        ok, value = self._metas[key]
-        if not ok:
-            raise value
-        return value
-
-    @staticmethod
-    def runtime_placements(
-        mesh: DeviceMesh, call: CapturedCall
-    ) -> list[tuple[str, list[tuple[Placement, ...]]]]:
-        """(label, one placement per tensor input) for each runtime query of ``call``.
-
-        Every input replicated, the case dispatch sees most; and input 0 split
-        on its dim 0 along mesh dim 0 whenever every rank gets a piece, which
-        reaches the placement-dependent paths (sharded strategies,
-        redistributions, refusals, uneven shards).
-        """
-        metas = call.tensor_metas
-        replicate: tuple[Placement, ...] = (Replicate(),) * mesh.ndim
-        configs = [("all Replicate", [replicate] * len(metas))]
-        if len(metas[0].shape) > 0 and metas[0].shape[0] >= mesh.size(0):
-            sharded = (Shard(0),) + replicate[1:]
-            configs.append(("input 0 Shard(0)", [sharded] + configs[0][1][1:]))
-        return configs
-
-    def queries(self, call: CapturedCall, mesh: DeviceMesh, mode: str) -> list[Query]:
-        """The queries a sweep asks about ``call`` on ``mesh`` in ``mode``.
-
-        None for an op no registry holds, or, in utility mode, for an op without
-        single-dim rules (only those are expanded by their authors).
-        """
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        registry = strategy_registry(call.op)
-        if registry is None or (mode == "utility" and registry != "single_dim"):
-            return []
-        if mode in ("planner", "utility"):
-            schema = strategy_schema(
-                mesh, call.op, call.args, call.kwargs, self.candidates
-            )
-            return [Query(call, mesh, mode, mode, schema)]
-        out = []
-        for label, placements in self.runtime_placements(mesh, call):
-            runtime = runtime_schema(mesh, call.op, call.args, call.kwargs, placements)
-            schema = _sharding_propagator()._wrap_with_op_strategy(runtime)
-            out.append(Query(call, mesh, mode, label, schema, runtime))
-        return out
-
-    def ask(self, query: Query, metas: Any) -> Answer:
-        """Ask DTensor ``query`` and judge the strategy against ``metas``.
-
-        Exceptions become the answer: a runtime refusal (see
-        :func:`runtime_refusal`) or an error. Only ``Exception``s are caught, so
-        a caller's time limit (a ``BaseException``) still stops a query.
-        """
-        try:
-            if query.mode == "utility":
-                strategy = utility_strategy(query.schema, query.mesh)
-            else:
-                strategy = query_strategy(query.schema, query.mesh, query.runtime)
-        except Exception as e:
-            reason = None if query.runtime is None else runtime_refusal(e)
-            return Answer(error=e, refusal=reason)
-        if strategy is None:
-            return Answer()
-        return Answer(strategy, self.check(query.schema, strategy, metas))
-
-    def run(self, mesh: DeviceMesh, mode: str) -> SweepReport:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        report = SweepReport(tuple(mesh.shape), mode)
-        for op, calls in self.calls.items():
-            registry = strategy_registry(op)
-            if registry is None or (mode == "utility" and registry != "single_dim"):
-                # utility mode: only single-dim rules are expanded by their authors
-                continue
-            op_report = report.ops.setdefault(str(op), OpReport(str(op), registry))
-            for call in calls:
-                try:
-                    metas = self.expected(call, mesh)
-                except (DynamicOutputShapeException, DataDependentOutputException):
-                    op_report.data_dependent += 1
-                    continue
-                except Exception as e:
-                    op_report.uninferable.setdefault(_short(e), str(call))
-                    continue
-                for query in self.queries(call, mesh, mode):
-                    self._record(op_report, query, self.ask(query, metas))
-        return report
-
-    @staticmethod
-    def _record(op_report: OpReport, query: Query, answer: Answer) -> None:
-        op_report.queries += 1
-        if answer.refusal is not None:
-            op_report.refused[answer.refusal] = op_report.refused.get(answer.refusal, 0) + 1
-        elif answer.error is not None:
-            op_report.errors.setdefault(_short(answer.error), str(query))
-        elif answer.strategy is None:
-            op_report.no_strategy += 1
-        for v in answer.violations:
-            op_report.violations.setdefault(v.clause, f"{v}\n    in {query}")
