@@ -88,6 +88,8 @@ def worker_command(python: str, role: str, out: Path, args: argparse.Namespace) 
             cmd += [f"--{option}", str(value)]
     if args.tracebacks:
         cmd.append("--tracebacks")
+    if args.full_space:
+        cmd += ["--full-space", args.full_space]
     return cmd
 
 
@@ -246,6 +248,7 @@ def merge(docs: dict[str, dict]) -> dict:
         # the contract mode's per-op text of each side (its ops that break the contract or raise)
         "reports": {role: docs[role].get("report", "") for role in docs},
         "caches": {role: docs[role].get("caches", {}) for role in docs},
+        "full_space": {role: docs[role]["full_space"] for role in docs if "full_space" in docs[role]},
         "infer_failed": {role: docs[role]["infer_failed"] for role in docs},
         "torches": {
             role: {k: docs[role].get(k) for k in ("torch_version", "torch_file", "python", "checker")}
@@ -424,8 +427,26 @@ def strict_failures(merged: dict) -> list[str]:
         kinds = ", ".join(f"{sum(1 for m in bad if m.get('kind', 'changed') == k)} {k}"
                           for k in STRICT_SELECTION_KINDS if any(m.get("kind", "changed") == k for m in bad))
         reasons.append(f"{len(bad)} runtime selections differ stock vs built ({kinds})")
+    for mode, fs in merged.get("full_space", {}).get("built", {}).items():
+        if isinstance(fs, dict) and (fs.get("missing") or fs.get("errors")):
+            reasons.append(f"built full space ({mode} candidates): {fs.get('missing', 0)} strategies missing in "
+                           f"{len(fs.get('ops_missing', []))} ops, {len(fs.get('errors', {}))} errors")
     reasons += parity_strict_failures(merged.get("parity"))
     return reasons
+
+
+def full_space_rows(merged: dict) -> list[list]:
+    """Per side and candidate mode: what the full-space comparison found."""
+    rows = []
+    for role, modes in merged.get("full_space", {}).items():
+        if "skipped" in modes:
+            rows.append([role, "-", "-", "-", "-", "-", "-", f"skipped: {modes['skipped']}"])
+            continue
+        for mode, fs in modes.items():
+            rows.append([role, mode, fs["ops_compared"], fs["schemas_compared"], fs["missing"],
+                         _ops_list(fs["ops_missing"], 4), sum(fs["invalid_with_reason"].values()),
+                         len(fs["errors"])])
+    return rows
 
 
 # --------------------------------------------------------------------------------------
@@ -639,6 +660,15 @@ def render(merged: dict, md: bool, top: int, strict_reasons: list[str] | None) -
         ]
         out.append(table(["torch", "cache", "entries", "bound"], rows, md))
 
+    if merged.get("full_space"):
+        out.append("")
+        out.append(h("Full space: planner answers vs a planner's own expansion of the single-dim rule"))
+        out.append("Strategies a planner finds by expanding the registered rule itself over the same "
+                   "candidates (tools/audit/full_space.py) that get_op_strategy's answer lacks: `missing` "
+                   "fails --strict; those the expansion must drop are counted with their reason.")
+        out.append(table(["torch", "candidates", "ops", "schemas", "missing", "ops missing",
+                          "not valid (with reason)", "errors"], full_space_rows(merged), md))
+
     if merged.get("parity") is not None:
         out.append("")
         out.append(render_parity(merged["parity"], md, top))
@@ -794,6 +824,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="exit 1 if the built torch has violations or errors (refusals are neither), or selections "
                     "differ from stock; "
                     "with --parity also on any op whose eager outcome got worse or that is > 3x slower than stock")
+    ap.add_argument("--full-space", default="audit,replicated",
+                    help="candidate modes of the full-space comparison on the built torch (tools/audit/full_space.py: "
+                    "audit, few, replicated, partials; comma-separated; '' for none)")
     ap.add_argument("--parity", action="store_true",
                     help="also run the runtime parity sweep (tools/audit/parity.py): DTensor eager vs plain torch, "
                     "stock then built")

@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checker", default=str(DEFAULT_CHECKER), help="path of strategy_contract.py")
     ap.add_argument("--tracebacks", action="store_true", help="keep short tracebacks in error details")
     ap.add_argument("--preload", default=None, help="python file to run after setup, before querying")
+    ap.add_argument("--full-space", default="", help="full_space candidate modes to compare planner answers in "
+                    "(comma-separated; empty: none)")
     args = ap.parse_args(argv)
     checker = load_checker(Path(args.checker))
 
@@ -295,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         "timing": {"startup_s": round(t_setup - t_start, 1), "query_s": round(t_query - t_setup, 1),
                    "total_s": round(time.monotonic() - t_start, 1), "cpu_s": round(time.process_time(), 1)},
     }
+    if args.full_space:
+        # planner answers against a planner's own expansion of each single-dim rule
+        from tools.audit import full_space
+
+        doc["full_space"] = full_space.audit(
+            validation.calls, validation.meshes.items(), args.candidates,
+            modes=tuple(m for m in args.full_space.split(",") if m))
     write_json_atomically(Path(args.out), doc)
     print(f"[audit {args.role}] done in {doc['timing']['total_s']}s -> {args.out}", file=sys.stderr, flush=True)
     if dist.is_initialized():

@@ -358,6 +358,27 @@ class TestStrictRule(TestCase):
             orchestrator.strict_failures(merged), ["1 runtime selections differ stock vs built (1 changed)"]
         )
 
+    def test_full_space_missing_strategies_fail_strict(self) -> None:
+        import importlib
+
+        orchestrator = importlib.import_module("tools.audit.__main__")
+        fs = {"ops_compared": 2, "schemas_compared": 3, "missing": 0, "ops_missing": [],
+              "invalid_with_reason": {"not valid for the op: x": 4}, "errors": {}}
+        merged: dict[str, Any] = {
+            "results": [], "selections": {"mismatches": []},
+            "full_space": {"stock": {"skipped": "no planner entry point"}, "built": {"audit": dict(fs)}},
+        }
+        # strategies the expansion must drop (with their reason) never fail --strict
+        self.assertEqual(orchestrator.strict_failures(merged), [])
+        merged["full_space"]["built"]["audit"].update(missing=5, ops_missing=["aten.a.default"])
+        (reason,) = orchestrator.strict_failures(merged)
+        self.assertIn("full space (audit candidates): 5 strategies missing in 1 ops", reason)
+        stock_row, built_row = orchestrator.full_space_rows(merged)
+        self.assertIn("skipped: no planner entry point", stock_row[-1])
+        self.assertEqual(built_row[:5], ["built", "audit", 2, 3, 5])
+        self.assertIn("a.default", built_row[5])  # the op list drops the aten. prefix
+        self.assertEqual(built_row[6], 4)
+
     def test_selection_kinds(self) -> None:
         import importlib
 
