@@ -7,11 +7,10 @@ downstream rule author calls them (no registry involved).
 The expansion builds complete specs without being given output metas (shape
 inference of the query), ``None`` where the op returns ``None``, inputs with their
 metas when inference cannot run; it leaves out per placement, not per combination,
-what cannot shard. The redistribute-cost and shardability caches answer what the
-uncached functions answer and stay bounded.
+what cannot shard, and combinations that share a spec keep their own costs. (The
+caches behind it are tested in ``test_strategy_contract_expansion_caches.py``.)
 """
 
-from unittest import mock
 
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
@@ -100,112 +99,6 @@ class TestExpandToFullMesh(StrategyContractTestBase):
             self.assertIsNone(spec.output_spec.tensor_meta)
 
 
-class TestRedistributeCostCache(StrategyContractTestBase):
-    def pairs(self) -> list[tuple[DTensorSpec, DTensorSpec]]:
-        from torch.distributed.tensor.placement_types import _StridedShard
-
-        mesh = self.mesh((2, 2))
-        placements = [
-            (R, R), (S0, R), (R, S1), (S0, S1), (S1, S0), (P, R), (R, P), (S0, S0),
-            (_StridedShard(0, split_factor=2), S0),
-        ]
-        specs = []
-        for shape in ((8, 6), (5, 7)):  # even and uneven shards
-            meta = meta_of(torch.empty(shape))
-            specs += [DTensorSpec(mesh, p, tensor_meta=meta) for p in placements]
-        return [(a, b) for a in specs for b in specs if a.tensor_meta == b.tensor_meta]
-
-    def test_cached_costs_equal_redistribute_cost(self) -> None:
-        from torch.distributed.tensor._collective_utils import redistribute_cost
-        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
-
-        cache.clear_cost_cache()
-        for _ in range(2):  # computed, then served from the cache
-            for src, dst in self.pairs():
-                self.assertEqual(
-                    cache.CostRows((src,)).row(dst)[0],
-                    redistribute_cost(src, dst),
-                    f"{src} -> {dst}",
-                )
-        self.assertGreater(cache.cost_cache_size(), 0)
-        cache.clear_cost_cache()
-        self.assertEqual(cache.cost_cache_size(), 0)
-
-    def test_cache_stays_bounded(self) -> None:
-        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
-
-        cache.clear_cost_cache()
-        pairs = self.pairs()
-        with mock.patch.object(cache._costs, "max_size", 5):
-            for src, dst in pairs:
-                cache.CostRows((src,)).row(dst)
-                self.assertLessEqual(cache.cost_cache_size(), 5)
-        cache.clear_cost_cache()
-
-    def test_cost_rows(self) -> None:
-        """A row prices every candidate; equal candidates of another tensor share it;
-        the caller owns the list it gets."""
-        from torch.distributed.tensor._collective_utils import redistribute_cost
-        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
-
-        mesh = self.mesh((2, 2))
-        meta = meta_of(torch.empty(8, 6))
-        candidates = [(R, R), (S0, R), (R, S1), (P, R)]
-        targets = [DTensorSpec(mesh, p, tensor_meta=meta) for p in ((S0, S1), (R, R), (P, P))]
-
-        def sources() -> list[DTensorSpec]:  # new objects each time, as for another tensor
-            return [DTensorSpec(mesh, p, tensor_meta=meta) for p in candidates]
-
-        cache.clear_cost_cache()
-        rows = cache.CostRows(sources())
-        for dst in targets:
-            self.assertEqual(rows.row(dst), [redistribute_cost(s, dst) for s in sources()])
-        filled = cache.cost_cache_size()
-        self.assertEqual(filled, len(targets))
-        again = cache.CostRows(sources())
-        first = again.row(targets[0])
-        self.assertEqual(cache.cost_cache_size(), filled)  # served, not recomputed
-        first[0] = -1.0
-        self.assertNotEqual(again.row(targets[0])[0], -1.0)
-        cache.clear_cost_cache()
-
-    def test_cost_rows_without_metas_are_not_cached(self) -> None:
-        """A source without a meta goes to redistribute_cost as is (which rejects it)."""
-        from torch.distributed.tensor._collective_utils import redistribute_cost
-        from torch.distributed.tensor._ops import _redistribute_cost_cache as cache
-
-        mesh = self.mesh((2,))
-        cache.clear_cost_cache()
-        src = DTensorSpec(mesh, (S0,))
-        dst = DTensorSpec(mesh, (R,), tensor_meta=meta_of(torch.empty(4, 4)))
-        with self.assertRaises(AssertionError) as stock:
-            redistribute_cost(src, dst)
-        with self.assertRaisesRegex(AssertionError, str(stock.exception)):
-            cache.CostRows((src,)).row(dst)
-        self.assertEqual(cache.cost_cache_size(), 0)
-
-
-
-class TestShardableCache(StrategyContractTestBase):
-    def test_answers_equal_is_tensor_shardable(self) -> None:
-        from torch.distributed.tensor._ops import _shardable_cache as cache
-        from torch.distributed.tensor._ops.utils import is_tensor_shardable
-
-        mesh = self.mesh((2, 2))
-        cache.clear_shardable_cache()
-        for _ in range(2):  # answered, then served
-            for shape in (torch.Size([8, 6]), torch.Size([1, 6]), torch.Size([3, 1])):
-                for placements in ((S0, R), (S0, S0), (R, S1), (S1, S0), (P, R)):
-                    spec = DTensorSpec(mesh, placements)
-                    self.assertEqual(
-                        cache.cached_is_shardable(is_tensor_shardable, shape, spec, None),
-                        is_tensor_shardable(shape, spec),
-                        f"{shape} {placements}",
-                    )
-        self.assertEqual(cache.shardable_cache_size(), 15)
-        cache.clear_shardable_cache()
-        self.assertEqual(cache.shardable_cache_size(), 0)
-
 class TestExpansionFilters(StrategyContractTestBase):
     """What the expansion leaves out is decided per placement, not per combination."""
 
@@ -235,18 +128,6 @@ class TestExpansionFilters(StrategyContractTestBase):
         self.assertIn((S0, S0), outputs)
         self.assertIn((S0, R), outputs)
         self.assertFalse(any(Shard(1) in p for p in outputs), outputs)
-
-    def test_subclass_placements_keep_their_own_id(self) -> None:
-        from torch.distributed.tensor._ops._expansion_positions import placement_ids
-        from torch.distributed.tensor.placement_types import _StridedShard
-
-        strided = _StridedShard(0, split_factor=2)
-        rule_ids, by_id = placement_ids([[S0, S0], [strided, S0], [Shard(0), R]])
-        # equal Shard(0)s share an id; the strided shard of dim 0 does not
-        self.assertEqual(rule_ids[0][0], rule_ids[2][0])
-        self.assertNotEqual(rule_ids[0][0], rule_ids[1][0])
-        self.assertIs(by_id[0][rule_ids[1][0]], strided)
-        self.assertEqual(len(by_id[1]), 2)
 
     def test_specs_shared_by_combinations_keep_their_own_costs(self) -> None:
         from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
