@@ -32,9 +32,10 @@ import time
 import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TYPE_CHECKING
 
-from collections.abc import Callable
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +114,7 @@ class Stopwatch:
         self.seconds = dict.fromkeys(CLOCKS, 0.0)
         self._start: dict[str, float] = {}
 
-    def __enter__(self) -> Stopwatch:
+    def __enter__(self) -> Self:
         self._start = {name: clock() for name, clock in CLOCKS.items()}
         return self
 
