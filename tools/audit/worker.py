@@ -37,6 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CHECKER = REPO_ROOT / "torch/distributed/tensor/_ops/strategy_contract.py"
 # The repository's modules the audit runs, by the name torch would import them as.
 MODULES = {
+    "torch.distributed.tensor._ops._op_returns": "torch/distributed/tensor/_ops/_op_returns.py",
     "torch.testing._internal.distributed._tensor.contract_sweep":
         "torch/testing/_internal/distributed/_tensor/contract_sweep.py",
     "torch.distributed.tensor._ops._contract_validation": "torch/distributed/tensor/_ops/_contract_validation.py",
@@ -60,6 +61,7 @@ def load_contract_sweep() -> Any:
 
 def load_checker(path: Path) -> Any:
     """Import strategy_contract.py from ``path`` so both torches are judged by the same file."""
+    load_validation()  # the modules it imports, where this torch lacks them
     return load_by_path(f"_audit_{path.stem}", path)
 
 
