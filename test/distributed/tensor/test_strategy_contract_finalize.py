@@ -21,6 +21,7 @@ from torch.distributed.tensor._op_schema import (
     TupleStrategy,
 )
 from torch.distributed.tensor._ops import _finalize_strategy as fin
+from torch.distributed.tensor._ops._output_metas import eager_dispatch
 from torch.distributed.tensor._ops.strategy_contract import (
     infer_output_metas,
     tensor_inputs,
@@ -180,7 +181,7 @@ class TestFinalizeStrategy(StrategyContractTestBase):
         eager dispatch keeps it (strict mode off); any other caller gets the error."""
         schema = self.schema(aten.relu.default, (torch.randn(8, 6),))
         strategy = follow_input(schema, lambda o: None)
-        with fin.eager_dispatch():
+        with eager_dispatch():
             kept = self.finalize(schema, strategy)
         self.assertTrue(all(s.output_specs is None for s in kept.strategies))
         with self.assertRaises(fin.StrategyContractError):

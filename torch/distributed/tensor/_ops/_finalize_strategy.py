@@ -15,8 +15,7 @@ except in DTensor's eager dispatch (:func:`eager_dispatch`) where stock DTensor 
 with such a spec: there it is used as given (see :meth:`_Finalizer.reject`).
 
 What is known before the strategy runs (the query's output metas, who asks, the
-call's full argument list) lives in ``_output_metas``; its names are re-exported here,
-the registries' one import of the strategy completion.
+call's full argument list) lives in ``_output_metas``.
 """
 
 import functools
@@ -38,21 +37,13 @@ from torch.distributed.tensor._ops._output_metas import (
     _query_metas,
     _UNKNOWN,
     answering,
-    clear_meta_cache,
-    DefaultFillingRule,
-    eager_dispatch,
-    fill_omitted_args,
-    meta_cache_size,
     metas_for_builder,
-    output_metas_by_position,
-    output_metas_for,
-    placed_replicated_return,
     replicated_spec,
     resolve_output_metas,
     with_default_args,
 )
 from torch.distributed.tensor._ops._strict_contract import check_strict, strict_enabled
-from torch.distributed.tensor._ops.strategy_contract import (
+from torch.distributed.tensor._ops._op_returns import (
     element_output_metas,
     element_schema,
     OutputMetas,
@@ -67,23 +58,10 @@ from torch.utils import _pytree as pytree
 __all__ = [
     "FinalizedStrategyFunc",
     "StrategyContractError",
-    "answering",
-    "DefaultFillingRule",
-    "clear_meta_cache",
     "complete_for_caller",
-    "eager_dispatch",
-    "fill_omitted_args",
     "finalize_strategy",
-    "meta_cache_size",
-    "metas_for_builder",
-    "output_metas_by_position",
-    "output_metas_for",
-    "placed_replicated_return",
-    "replicated_spec",
-    "resolve_output_metas",
     "specs_per_candidate",
     "strategy_name",
-    "with_default_args",
 ]
 
 logger = logging.getLogger(__name__)

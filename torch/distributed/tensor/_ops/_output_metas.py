@@ -12,7 +12,7 @@ While a query is answered (:func:`answering`), the spec builders a strategy call
 every spec is built complete. Strategies read arguments by position, so each registry
 hands them the call with its omitted optional arguments filled in
 (:func:`with_default_args`, :class:`DefaultFillingRule`). The finalizer
-(``_finalize_strategy``, which re-exports these names) completes what is still missing.
+(``_finalize_strategy``) completes what is still missing.
 """
 
 import contextlib
