@@ -55,7 +55,7 @@ STACK_REPORT_FORMAT = 1
 OVERLAY_DIRS: tuple[str, ...] = ("torch/distributed/tensor", "torch/testing/_internal/distributed")
 #: Placeholders a step's ``results`` text may use, filled at export time.
 PLACEHOLDERS: tuple[str, ...] = ("check_stack", "audit", "bench")
-DESCRIPTION_FIELDS: tuple[str, ...] = ("what", "why", "test_plan", "results")
+DESCRIPTION_FIELDS: tuple[str, ...] = ("what", "why", "downstream", "test_plan", "results")
 _SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _HUNKS_RE = re.compile(r"^(?P<path>[^#]+)#(?P<hunks>\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)$")
 
@@ -408,9 +408,15 @@ def _bench_table(report: Path) -> str:
 
 
 def render_message(step: Step, total: int, values: Mapping[str, str]) -> str:
-    """The PR description of one step: what, why, test plan, results."""
+    """The PR description of one step: what, why, what downstream code gains, test plan, results."""
     where = f"step {step.slug}"
-    sections = [("What", "what"), ("Why", "why"), ("Test plan", "test_plan"), ("Results", "results")]
+    sections = [
+        ("What", "what"),
+        ("Why", "why"),
+        ("Downstream", "downstream"),
+        ("Test plan", "test_plan"),
+        ("Results", "results"),
+    ]
     body = "\n\n".join(f"## {heading}\n\n{_fill(step.spec.text[key], values, where).strip()}" for heading, key in sections)
     return f"Stack: {step.number} of {total}\n\n{body}\n"
 

@@ -59,6 +59,7 @@ def step_toml(slug: str, files: list[str], run: list[str] | None = None, results
         files = [{entries}]
         {extra}what = "What {slug} does."
         why = "Why {slug}."
+        downstream = "What a planner can delete after {slug}."
         test_plan = "How {slug} is tested."
         results = \"\"\"{results}\"\"\"
         """
@@ -185,7 +186,7 @@ class ExportStackTest(StackTestCase):
         self.assertEqual(names, ["0001-contract.patch", "0002-prop.patch", "0003-api.patch"])
         first = (out / "stack" / names[0]).read_text()
         self.assertIn("Subject: [PATCH 1/3] [DTensor] step contract\n", first)
-        for heading in ("## What", "## Why", "## Test plan", "## Results"):
+        for heading in ("## What", "## Why", "## Downstream", "## Test plan", "## Results"):
             self.assertIn(heading, first)
         self.assertIn("Not measured yet: run `make check-stack`.", first)
         # independent check: git am the series onto a pristine repo; the end equals the combined patch
