@@ -187,21 +187,6 @@ class TestFinalizeStrategy(StrategyContractTestBase):
         with self.assertRaises(fin.StrategyContractError):
             self.finalize(schema, strategy)
 
-    def test_specs_per_candidate_drops_refused_candidates(self) -> None:
-        schema = self.schema(aten.relu.default, (torch.randn(8, 6),))
-        inp = tensor_inputs(schema)[0]
-
-        def only_replicate(c: OpSpec) -> OpSpec:
-            if any(p != R for p in c.output_spec.placements):
-                raise RuntimeError(f"refused {c.output_spec.placements}")
-            return OpSpec(bare(c.output_spec), [c.output_spec])
-
-        specs = fin.specs_per_candidate(inp, only_replicate)
-        self.assertEqual([s.output_spec.placements for s in specs], [(R, R)])
-        sharded = OpStrategy(inp.strategies[1:])
-        with self.assertRaisesRegex(RuntimeError, "refused"):
-            fin.specs_per_candidate(sharded, only_replicate)
-
     def test_finalized_strategy_func(self) -> None:
         """The registry wrapper: defaults filled, metas inferred, result finalized."""
         seen: list[OpSchema] = []

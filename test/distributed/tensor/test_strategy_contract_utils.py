@@ -15,7 +15,10 @@ caches behind it are tested in ``test_strategy_contract_expansion_caches.py``.)
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo
-from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+from torch.distributed.tensor._ops.utils import (
+    expand_to_full_mesh_op_strategy,
+    specs_per_candidate,
+)
 from torch.distributed.tensor.placement_types import (
     Partial,
     Placement,
@@ -154,6 +157,24 @@ class TestExpansionFilters(StrategyContractTestBase):
             self.assertEqual(
                 spec.input_specs[1].tensor_meta, schema.args_schema[1].strategies[0].output_spec.tensor_meta
             )
+
+
+class TestSpecsPerCandidate(StrategyContractTestBase):
+    def test_refused_candidates_drop_out(self) -> None:
+        mesh = self.mesh((2, 2))
+        schema = strategy_schema(mesh, aten.relu.default, (torch.randn(8, 6),), candidates=planner_candidates)
+        inp = schema.args_schema[0]
+
+        def only_replicate(c: OpSpec) -> OpSpec:
+            if any(p != R for p in c.output_spec.placements):
+                raise RuntimeError(f"refused {c.output_spec.placements}")
+            return OpSpec(DTensorSpec(mesh, c.output_spec.placements), [c.output_spec])
+
+        specs = specs_per_candidate(inp, only_replicate)
+        self.assertEqual([s.output_spec.placements for s in specs], [(R, R)])
+        # with every candidate refused, the first refusal is the answer
+        with self.assertRaisesRegex(RuntimeError, "refused"):
+            specs_per_candidate(OpStrategy(inp.strategies[1:]), only_replicate)
 
 
 

@@ -60,7 +60,6 @@ __all__ = [
     "StrategyContractError",
     "complete_for_caller",
     "finalize_strategy",
-    "specs_per_candidate",
     "strategy_name",
 ]
 
@@ -460,31 +459,6 @@ def _finalize(
     raise StrategyContractError(
         op_schema.op, source, -1, "strategy", f"unsupported strategy type {type(strategy).__name__}"
     )
-
-
-def specs_per_candidate(
-    strategy: OpStrategy, build: Callable[[OpSpec], OpSpec]
-) -> list[OpSpec]:
-    """Build one OpSpec per candidate of ``strategy`` (an input's OpStrategy).
-
-    Some strategies refuse an input placement by raising (a view that would need
-    a redistribution, an unbind along a sharded dim). At runtime the input has one
-    placement and the refusal is the answer; a planner's query offers several, and a
-    refused candidate must only drop out. If every candidate is refused, the first
-    refusal is raised.
-    """
-    specs: list[OpSpec] = []
-    first_refusal: Exception | None = None
-    for candidate in strategy.strategies:
-        try:
-            specs.append(build(candidate))
-        except (RuntimeError, ValueError, KeyError, IndexError) as refusal:
-            # (KeyError/IndexError: view rules cannot map some _StridedShard inputs)
-            if first_refusal is None:
-                first_refusal = refusal
-    if not specs and first_refusal is not None:
-        raise first_refusal
-    return specs
 
 
 def strategy_name(strategy: object) -> str:
