@@ -65,7 +65,9 @@ class TestOpReturns(TestCase):
     def strategy(self, meta: TensorMeta | None) -> OpStrategy:
         return OpStrategy([OpSpec(self.spec(meta))])
 
-    def both_schemas(self, op: torch._ops.OpOverload, *args: object) -> dict[str, OpSchema]:
+    def both_schemas(
+        self, op: torch._ops.OpOverload, *args: object
+    ) -> dict[str, OpSchema]:
         """``op(*args)`` as a strategy schema and as a runtime schema; tensors (and
         lists of them) become one-candidate strategies or specs with their metas."""
 
@@ -78,7 +80,9 @@ class TestOpReturns(TestCase):
 
         strategy_args = tuple(convert(a, self.strategy) for a in args)
         strategy_args = tuple(
-            TupleStrategy(a) if isinstance(a, list) and a and isinstance(a[0], OpStrategy) else a
+            TupleStrategy(a)
+            if isinstance(a, list) and a and isinstance(a[0], OpStrategy)
+            else a
             for a in strategy_args
         )
         return {
@@ -102,16 +106,24 @@ class TestOpReturns(TestCase):
         for op, args, expected in cases:
             with self.subTest(op=str(op)):
                 metas = infer_output_metas(self.both_schemas(op, *args)[kind])
-                self.assertEqual(list(metas) if isinstance(expected, list) else metas, expected)
+                self.assertEqual(
+                    list(metas) if isinstance(expected, list) else metas, expected
+                )
         cat = self.both_schemas(aten.cat.default, xs)["strategy"]
         self.assertEqual(len(tensor_inputs(cat)), 2)
 
     def test_infer_masked_off_result_is_none(self) -> None:
-        grad_out, x, w = torch.randn(1, 2, 3, 3), torch.randn(1, 2, 5, 5), torch.randn(2, 2, 3, 3)
+        grad_out, x, w = (
+            torch.randn(1, 2, 3, 3),
+            torch.randn(1, 2, 5, 5),
+            torch.randn(2, 2, 3, 3),
+        )
         mask = [True, False, True]  # no grad_weight
         args = (grad_out, x, w, [2], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, mask)
         expected = (meta_of(x), None, TensorMeta(torch.Size([2]), (1,), torch.float32))
-        for kind, schema in self.both_schemas(aten.convolution_backward.default, *args).items():
+        for kind, schema in self.both_schemas(
+            aten.convolution_backward.default, *args
+        ).items():
             with self.subTest(kind=kind):
                 self.assertEqual(tuple(infer_output_metas(schema)), expected)
                 self.assertEqual(masked_off_returns(schema), frozenset({1}))
@@ -124,7 +136,9 @@ class TestOpReturns(TestCase):
         for op in (aten.equal.default, aten.is_same_size.default):
             for leaf in (self.spec, self.strategy):
                 with self.subTest(op=str(op), leaf=leaf.__name__):
-                    self.assertIsNone(infer_output_metas(OpSchema(op, (leaf(None), leaf(None)), {})))
+                    self.assertIsNone(
+                        infer_output_metas(OpSchema(op, (leaf(None), leaf(None)), {}))
+                    )
         with self.assertRaisesRegex(ValueError, "tensor_meta"):
             infer_output_metas(OpSchema(aten.neg.default, (self.spec(None),), {}))
 
