@@ -191,39 +191,6 @@ class TestStrategyContract(TestCase):
         s = OpSchema(aten.view.default, (self.inp(x), [24]), {})
         return s, OpStrategy([self.op_spec(s, self.spec(meta_of(x)))]), {}
 
-    def conv_backward(self) -> OpSchema:
-        g, x, w = (
-            torch.randn(1, 2, 3, 3),
-            torch.randn(1, 2, 5, 5),
-            torch.randn(2, 2, 3, 3),
-        )
-        args = (
-            [2],
-            [1, 1],
-            [0, 0],
-            [1, 1],
-            False,
-            [0, 0],
-            1,
-            [True, False, True],
-        )  # no grad_weight
-        return OpSchema(
-            aten.convolution_backward.default,
-            (self.inp(g), self.inp(x), self.inp(w), *args),
-            {},
-        )
-
-    def c2_spec_where_the_result_is_none(self) -> Case:
-        s = self.conv_backward()
-        grad_input, _, grad_bias = self.outputs(s)
-        weight = self.spec(tensor_inputs(s)[2].tensor_meta)
-        good = self.op_spec(s, (grad_input, None, grad_bias))
-        return (
-            s,
-            OpStrategy([good, self.op_spec(s, (grad_input, weight, grad_bias))]),
-            {},
-        )
-
     def layer_norm_backward(self, mask: list[bool], affine: bool = True) -> OpSchema:
         x, stats, w = torch.randn(2, 4), torch.randn(2, 1), torch.randn(4)
         weight = (self.inp(w), self.inp(w)) if affine else (None, None)
@@ -237,6 +204,15 @@ class TestStrategyContract(TestCase):
             mask,
         )
         return OpSchema(aten.native_layer_norm_backward.default, args, {})
+
+    def c2_spec_where_the_result_is_none(self) -> Case:
+        # the mask turns grad_weight off: a spec with the weight's meta is wrong there
+        s = self.layer_norm_backward([True, False, True])
+        grad_input, _, grad_bias = self.outputs(s)
+        weight = self.spec(tensor_inputs(s)[5].tensor_meta)
+        good = self.op_spec(s, (grad_input, None, grad_bias))
+        bad = self.op_spec(s, (grad_input, weight, grad_bias))
+        return s, OpStrategy([good, bad]), {}
 
     def c2_none_where_the_result_is_a_tensor(self) -> Case:
         s = self.layer_norm_backward([True, False, True])
@@ -458,7 +434,7 @@ c1_missing_output_meta: C1 aten.mm.default strategy 1 output: expected TensorMet
 c1_input_meta_copied_onto_the_output: C1 aten._to_copy.default strategy 0 output: expected TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.float32), got TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.bfloat16)
 c1_shape_swapped_but_not_the_stride: C1 aten.transpose.int strategy 2 output: expected TensorMeta(shape=(6, 4), stride=(1, 6), dtype=torch.float32), got TensorMeta(shape=(6, 4), stride=(6, 1), dtype=torch.float32)
 c1_wrong_shape: C1 aten.view.default strategy 0 output: expected TensorMeta(shape=(24,), stride=(1,), dtype=torch.float32), got TensorMeta(shape=(4, 6), stride=(6, 1), dtype=torch.float32)
-c2_spec_where_the_result_is_none: C2 aten.convolution_backward.default strategy 1 output 1: expected None (result is None), got DTensorSpec((Replicate(), Replicate()), TensorMeta(shape=(2, 2, 3, 3), stride=(18, 9, 3, 1), dtype=torch.float32))
+c2_spec_where_the_result_is_none: C2 aten.native_layer_norm_backward.default strategy 1 output 1: expected None (result is None), got DTensorSpec((Replicate(), Replicate()), TensorMeta(shape=(4,), stride=(1,), dtype=torch.float32))
 c2_none_where_the_result_is_a_tensor: C2 aten.native_layer_norm_backward.default strategy 0 output 2: expected a DTensorSpec (result is a tensor), got None
 c2_one_spec_for_two_results: C2 aten.max.dim strategy 0 output: expected a tuple of 2 output specs, got DTensorSpec((Replicate(), Replicate()), TensorMeta(shape=(4,), stride=(1,), dtype=torch.float32))
 c2_three_specs_for_two_results: C2 aten.max.dim strategy 1 output: expected a tuple of 2 output specs, got tuple of 3
