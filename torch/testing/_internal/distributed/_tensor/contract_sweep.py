@@ -285,16 +285,18 @@ def capped_candidates(limit: int) -> CandidateFunc:
     return candidates
 
 
-def _mesh_dim_options(mesh: DeviceMesh, meta: TensorMeta) -> list[list[Placement]]:
+def _mesh_dim_options(
+    mesh: DeviceMesh, meta: TensorMeta, partials: Sequence[str] = ("sum",)
+) -> list[list[Placement]]:
     """Per mesh dim, the placements a candidate may take there: ``Replicate()``,
     ``Shard(d)`` for each tensor dim at least as long as the mesh dim, and
-    ``Partial()`` for floating and complex dtypes."""
+    ``Partial(k)`` for each kind of ``partials`` for floating and complex dtypes."""
     options: list[list[Placement]] = []
     for mesh_dim in range(mesh.ndim):
         opts: list[Placement] = [Replicate()]
         opts += [Shard(d) for d, n in enumerate(meta.shape) if n >= mesh.size(mesh_dim)]
         if meta.dtype.is_floating_point or meta.dtype.is_complex:
-            opts.append(Partial())
+            opts += [Partial(k) for k in partials]
         options.append(opts)
     return options
 
@@ -349,23 +351,25 @@ def _capped_candidates(
     return [tuple(options[d][i] for d, i in enumerate(c)) for c in chosen]
 
 
-def first_candidates(limit: int) -> CandidateFunc:
+def first_candidates(limit: int, partials: Sequence[str] = ("sum",)) -> CandidateFunc:
     """Planner candidates in a fixed order, the first ``limit`` per tensor input.
 
     Per mesh dim the options are ``Replicate()``, ``Shard(d)`` for each tensor
-    dim at least as long as the mesh dim, and ``Partial()`` for floating and
-    complex dtypes. Tuples with fewer non-``Replicate`` mesh dims come first
-    (all-``Replicate``, then each single sharding, then combinations), ties in
-    option order. Unlike :func:`capped_candidates`, tuples that split a dim into
-    more pieces than it has elements stay in: a planner may offer them, and
-    strategies must answer for uneven and empty shards. Large limits reach
-    every single-dim placement, which is what a wide audit wants.
+    dim at least as long as the mesh dim, and ``Partial(k)`` per kind of
+    ``partials`` for floating and complex dtypes (a planner's inputs are partial
+    in every kind their producers' rules name). Tuples with fewer
+    non-``Replicate`` mesh dims come first (all-``Replicate``, then each single
+    sharding, then combinations), ties in option order. Unlike
+    :func:`capped_candidates`, tuples that split a dim into more pieces than it
+    has elements stay in: a planner may offer them, and strategies must answer
+    for uneven and empty shards. Large limits reach every single-dim placement,
+    which is what a wide audit wants.
     """
     if limit < 1:
         raise ValueError(f"first_candidates needs a limit of at least 1, got {limit}")
 
     def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
-        options = _mesh_dim_options(mesh, meta)
+        options = _mesh_dim_options(mesh, meta, partials)
         combos = sorted(
             itertools.product(*(range(len(o)) for o in options)),
             key=lambda c: (sum(i != 0 for i in c), c),
