@@ -227,7 +227,7 @@ def capture(
 
 
 class QueryTimeout(BaseException):
-    """A query used more CPU time than ``--query-timeout``.
+    """A query used more CPU time than ``--query-timeout`` (or a block its wall time).
 
     A ``BaseException``, so that DTensor's own ``except Exception`` (decomposition
     fallbacks) cannot swallow it.
@@ -236,31 +236,44 @@ class QueryTimeout(BaseException):
     where: str = ""
 
 
+def _where(code: Any, line: int) -> str:
+    return f"{Path(code.co_filename).name}:{line} in {code.co_name}"
+
+
 @contextlib.contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise :class:`QueryTimeout` once the block used ``seconds`` of CPU (main thread)."""
+def time_limit(
+    seconds: float | None, wall: bool = False, message: str = ""
+) -> Iterator[None]:
+    """Raise :class:`QueryTimeout` once the block used ``seconds`` (main thread only).
+
+    CPU time by default, so that a loaded machine does not fail a query; with
+    ``wall``, wall time, re-raised every 5 s in case something catches the first
+    (the audit's parity sweep bounds eager runs, which may block).
+    """
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
+    clock = "wall time" if wall else "CPU"
+    text = message or f"query used more than {seconds:g}s of {clock} (--query-timeout)"
 
     def expire(signum: int, frame: Any) -> None:
-        exc = QueryTimeout(
-            f"query used more than {seconds:g}s of CPU (--query-timeout)"
-        )
+        exc = QueryTimeout(text)
         if frame is not None:
-            code = frame.f_code
-            exc.where = (
-                f"{Path(code.co_filename).name}:{frame.f_lineno} in {code.co_name}"
-            )
+            exc.where = _where(frame.f_code, frame.f_lineno)
         raise exc
 
-    previous = signal.signal(signal.SIGPROF, expire)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    sig, timer = (
+        (signal.SIGALRM, signal.ITIMER_REAL)
+        if wall
+        else (signal.SIGPROF, signal.ITIMER_PROF)
+    )
+    previous = signal.signal(sig, expire)
+    signal.setitimer(timer, seconds, 5.0 if wall else 0.0)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
+        signal.setitimer(timer, 0)
+        signal.signal(sig, previous)
 
 
 @dataclass
@@ -308,8 +321,7 @@ def _raised_at(exc: BaseException) -> str:
         tb = tb.tb_next
     if where or tb is None:
         return where
-    code = tb.tb_frame.f_code
-    return f"{Path(code.co_filename).name}:{tb.tb_lineno} in {code.co_name}"
+    return _where(tb.tb_frame.f_code, tb.tb_lineno)
 
 
 def _spec_ids(violations: Sequence[Any]) -> dict[str, set[tuple[int, int]]]:
