@@ -82,12 +82,10 @@ def worker_command(python: str, role: str, out: Path, args: argparse.Namespace) 
     for flag, option in (("ops", "op"), ("meshes", "meshes"), ("modes", "modes"), ("dtypes", "dtypes"),
                          ("max_samples", "max-samples"), ("max_calls_per_op", "calls-per-op"),
                          ("max_candidates", "candidates"), ("foreach_tensors", "foreach-tensors"),
-                         ("query_timeout", "query-timeout"), ("checker", "checker"), ("preload", "preload")):
+                         ("query_timeout", "query-timeout"), ("preload", "preload")):
         value = getattr(args, flag)
         if value is not None:
             cmd += [f"--{option}", str(value)]
-    if args.tracebacks:
-        cmd.append("--tracebacks")
     if args.full_space:
         cmd += ["--full-space", args.full_space]
     return cmd
@@ -111,7 +109,6 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kin
     """Run one worker per torch; ``kind`` "parity" runs the parity worker, always one after the other."""
     command, default_prefix = (parity_command, "parity-") if kind == "parity" else (worker_command, "")
     prefix = default_prefix if prefix is None else prefix
-    sequential = args.sequential or kind == "parity"
     pythons = {"stock": args.stock_python, "built": args.built_python}
     for role in roles:
         py = Path(pythons[role])
@@ -169,7 +166,7 @@ def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kin
         th = threading.Thread(target=pump, daemon=True)
         th.start()
         threads.append(th)
-        if sequential:
+        if kind == "parity":
             th.join()
     for th in threads:
         th.join()
@@ -256,10 +253,6 @@ def merge(docs: dict[str, dict]) -> dict:
         },
         "config": next(iter(docs.values()))["config"] if docs else {},
         "timing": {role: docs[role]["timing"] for role in docs},
-        "slowest_queries": {role: docs[role].get("slowest_queries", []) for role in docs},
-        "planner_candidates": "per tensor input: every combination over mesh dims of Replicate, each "
-        "Shard(d) with size(d) >= mesh dim size and Partial() for float/complex dtypes; ordered by "
-        "number of non-Replicate mesh dims (all-Replicate first); capped",
     }
     return merged
 
@@ -809,11 +802,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="tensors per list in foreach samples (default 8; 0: the OpInfo default, 20)")
     ap.add_argument("--query-timeout", type=float, default=None,
                     help="CPU seconds per query before it counts as a QueryTimeout error (default 60; 0: none)")
-    ap.add_argument("--checker", default=None, help="strategy_contract.py to judge with (default: the repo's)")
-    ap.add_argument("--tracebacks", action="store_true", help="keep short tracebacks in error details")
     ap.add_argument("--preload", default=None,
                     help="python file each worker runs after setup, before querying (tests, experiments)")
-    ap.add_argument("--sequential", action="store_true", help="run the workers one after the other")
     ap.add_argument("--out-dir", default="reports", help="where audit.json and audit.md go")
     ap.add_argument("--report-name", default="audit",
                     help="file name of the report, without suffix (make audit: audit-<release> but for 2.13.0's)")

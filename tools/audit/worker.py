@@ -145,11 +145,11 @@ def cache_sizes(propagator: Any) -> dict[str, dict[str, int | None]]:
     return sizes
 
 
-def coverage(sweep: Any, propagator: Any, captured: set[Any], queried: dict[str, set[str]]) -> dict:
+def coverage(sweep: Any, propagator: Any, captured: set[Any]) -> dict:
     """Registered ops the samples reached, per registry, and the captured ops DTensor does not know.
 
     ``captured`` holds every aten op a sample called (those called only without
-    tensors, never queried, included); ``queried`` the ops queried, per registry.
+    tensors, never queried, included).
     """
     from torch._decomp import decomposition_table
 
@@ -175,13 +175,11 @@ def coverage(sweep: Any, propagator: Any, captured: set[Any], queried: dict[str,
         known = registered[reg]
         cov[reg] = {"registered": None if reg == "decomposition" else len(known),
                     "reached": len(got) if reg == "decomposition" else len(got & known),
-                    "reached_ops": sorted(got), "not_reached": sorted(known - got),
-                    "queried": len(queried.get(reg, ()))}
+                    "not_reached": sorted(known - got)}
     cov["decomposition"]["decomposition_table_entries"] = len(registered["decomposition"])
     # op_to_rules entries also registered as strategies never reach their rule at runtime
     cov["rules"]["shadowed_by_strategies"] = sorted({str(o) for o in propagator.op_to_rules} - rules)
     cov["unregistered_captured"] = sorted(unregistered)
-    cov["single_dim_and_op_strategy_overlap"] = sorted(single & {str(o) for o in propagator.op_strategy_funcs})
     return cov
 
 
@@ -214,7 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--role", default="torch", help="label used in progress lines and the JSON (stock/built)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--checker", default=str(DEFAULT_CHECKER), help="path of strategy_contract.py")
-    ap.add_argument("--tracebacks", action="store_true", help="keep short tracebacks in error details")
     ap.add_argument("--preload", default=None, help="python file to run after setup, before querying")
     ap.add_argument("--full-space", default="", help="full_space candidate modes to compare planner answers in "
                     "(comma-separated; empty: none)")
@@ -251,20 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     t_query = time.monotonic()
 
     captured = set(recorder.calls) | set(recorder.tensorless)
-    queried: dict[str, set[str]] = defaultdict(set)
-    for op in validation.calls:
-        queried[cv.sweep.strategy_registry(op)].add(str(op))
     stats = {
         "opinfos": counts.get("opinfos", 0), "samples": counts.get("samples", 0),
         "sample_failures": counts.get("samples failed", 0) + counts.get("in-place samples failed", 0),
-        "sample_generation_failures": counts.get("sample_inputs failed", 0),
-        "backward_runs": counts.get("backward runs", 0), "inplace_runs": counts.get("in-place runs", 0),
-        "calls_seen": recorder.seen, "calls_non_dense": recorder.not_dense,
-        # aten calls without a tensor argument (factories): DTensor never sees them
-        "calls_without_tensors": sum(recorder.tensorless.values()),
         "aten_ops_captured": len(captured),
+        # ops called only without a tensor argument (factories): DTensor never sees those calls
         "aten_ops_without_tensor_calls": sum(1 for op in captured if op not in recorder.calls),
-        "calls_distinct": sum(len(v) for v in recorder.calls.values()),
         "calls_queried": sum(len(v) for v in validation.calls.values()),
     }
     first: dict[str, Any] = next(iter(validation.results.values()), {})
@@ -290,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "infer_failed": sorted(infer_failed, key=lambda d: d["op"]),
         "refusal_reasons": {**cv.sweep.RUNTIME_REFUSALS,
                             **{t.__name__: r for t, r in cv.sweep.RUNTIME_REFUSAL_TYPES.items()}},
-        "coverage": coverage(cv.sweep, DTensor._op_dispatcher.sharding_propagator, captured, queried),
+        "coverage": coverage(cv.sweep, DTensor._op_dispatcher.sharding_propagator, captured),
         "selections": selections,
         "slowest_ops": [{"seconds": round(s, 2), "op": o}
                         for o, s in sorted(op_seconds.items(), key=lambda kv: -kv[1])[:15]],

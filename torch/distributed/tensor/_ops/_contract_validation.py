@@ -40,7 +40,6 @@ import math
 import signal
 import threading
 import time
-import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -390,7 +389,6 @@ class ContractValidation:
         candidates: sweep.CandidateFunc | None = None,
         query_timeout: float | None = None,
         after_runtime: Callable[[Query, Answer], None] | None = None,
-        tracebacks: bool = False,
         metas: dict[str, tuple[bool, Any]] | None = None,
     ) -> None:
         for mode in modes:
@@ -403,7 +401,6 @@ class ContractValidation:
         self.candidates = candidates or sweep.capped_candidates(6)
         self.query_timeout = query_timeout
         self.after_runtime = after_runtime
-        self.tracebacks = tracebacks
         self.results: dict[tuple[str, str], dict[str, OpCounts]] = {
             (m, name): {} for m in self.modes for name in self.meshes
         }
@@ -557,10 +554,6 @@ class ContractValidation:
             )
             if key:
                 entry.update(refusal=key, reason=answer.refusal)
-            if self.tracebacks and "traceback" not in entry:
-                entry["traceback"] = "".join(
-                    traceback.format_exception(answer.error, limit=-6)
-                )
             entry["count"] += 1
             return
         if answer.strategy is None:
@@ -770,7 +763,6 @@ def validate(
         sweep.first_candidates(args.candidates),
         args.query_timeout,
         after_runtime,
-        getattr(args, "tracebacks", False),
     )
     cv.run(phase("query ops"))
     return cv, recorder, counts
