@@ -23,7 +23,6 @@ sums it up over captured calls; the audit's worker runs it on the built torch
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast, TYPE_CHECKING
@@ -124,77 +123,21 @@ def describe(key: StrategyKey) -> str:
     return f"{', '.join(one(o) for o in outs)} <- {', '.join(one(i) for i in ins)}"
 
 
-def _split_factors(strategies: Sequence[OpStrategy]) -> list[int]:
-    """The ``_StridedShard`` split factors the inputs' candidates carry, sorted."""
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    return sorted(
-        {
-            int(p.split_factor)
-            for strategy in strategies
-            for candidate in strategy.strategies
-            for p in candidate.output_spec.placements
-            if isinstance(p, _StridedShard)
-        }
-    )
-
-
-def planner_rules(
-    op_schema: OpSchema, n_inputs: int, metas: object, info: Any
-) -> tuple[list[list[Any]], int]:
-    """The op's registered single-dim rules as a planner resolves them, and the result count.
-
-    The all-``Replicate`` rule is added (``None`` where the op returns ``None``);
-    each placeholder becomes ``Shard`` and, once per split factor the inputs
-    carry, ``_StridedShard``.
-    """
-    from torch.distributed.tensor._dtensor_spec import TensorMeta
-    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
-    from torch.distributed.tensor.placement_types import _StridedShard, Replicate, Shard
-
-    op = op_schema.op
-    rules = info.func(op, op_schema.args_meta, op_schema.kwargs_meta)
-    if isinstance(metas, (list, tuple)) and not isinstance(metas, TensorMeta):
-        result_metas = list(metas)
-    else:
-        result_metas = [] if metas is None else [metas]
-    n_outputs = len(rules[0]) - n_inputs if rules else len(result_metas)
-    builders: list[Callable[[int], Any]] = [Shard]
-    for sf in _split_factors([*op_schema.args_strategy, *op_schema.kwargs_strategy]):
-        builders.append(functools.partial(_StridedShard, split_factor=sf))
-    resolved: list[list[Any]] = []
-    for rule in rules:
-        if not any(isinstance(p, _ShardingPlaceholder) for p in rule):
-            resolved.append(list(rule))
-            continue
-        for build in builders:
-            resolved.append(
-                [build(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
-            )
-    if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in resolved):
-        outputs: list[Any] = [
-            None if i < len(result_metas) and result_metas[i] is None else Replicate()
-            for i in range(n_outputs)
-        ]
-        resolved.insert(0, outputs + [Replicate()] * n_inputs)
-    return resolved, n_outputs
-
-
 def planner_expansion(
     op_schema: OpSchema, mesh: DeviceMesh, metas: object, info: Any
 ) -> OpStrategy:
     """The op's single-dim rule expanded by a planner over the query's candidates.
 
-    Only what the rule itself says is used: none of what the rule's registration
-    adds (its full-mesh filter, in-place or uneven-sharding handling), which a
-    planner calling the utility does not read.
+    The rules as ``contract_sweep.author_rules`` resolves them: none of what the
+    rule's registration adds (its full-mesh filter, in-place or uneven-sharding
+    handling), which a planner calling the utility does not read.
     """
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+    from torch.testing._internal.distributed._tensor.contract_sweep import author_rules
 
-    n_inputs = len(op_schema.args_strategy) + len(op_schema.kwargs_strategy)
-    rules, n_outputs = planner_rules(op_schema, n_inputs, metas, info)
+    rules, n_outputs = author_rules(op_schema, info, _returned(metas))
     return expand_to_full_mesh_op_strategy(
-        mesh, op_schema, rules, input_index=n_outputs, output_tensor_meta=cast(Any, metas)
+        mesh, op_schema, cast(Any, rules), input_index=n_outputs, output_tensor_meta=cast(Any, metas)
     )
 
 

@@ -31,6 +31,7 @@ unpatched torch, so that stock and changed torch are swept the same way and
 judged by the same checker.
 """
 
+import functools
 import itertools
 import warnings
 from collections import defaultdict
@@ -67,6 +68,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
     "CONTRACT_SKIPS",
+    "author_rules",
     "MODES",
     "REGISTRIES",
     "RUNTIME_REFUSALS",
@@ -556,16 +558,68 @@ def runtime_selection(runtime: OpSchema) -> OutputSharding:
     return _sharding_propagator().propagate_op_sharding_non_cached(runtime)
 
 
+def author_rules(
+    op_schema: OpSchema, rule: Any, returned: Sequence[bool] | None = None
+) -> tuple[list[list[Placement | None]], int]:
+    """``op_schema``'s single-dim rules resolved as a rule author or planner resolves them.
+
+    ``rule`` is the op's ``op_single_dim_strategy_funcs`` entry. Each
+    ``_ShardingPlaceholder`` becomes ``Shard`` and, once per ``_StridedShard``
+    split factor the inputs' candidates carry, ``_StridedShard``; the
+    all-``Replicate`` rule is added unless present, with ``None`` where
+    ``returned`` (per result, whether the op returns a tensor there) says the op
+    returns ``None``. Returns the rules and the number of results they lead with.
+    Only what the rule says is used, none of what its registration adds.
+    """
+    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    op = op_schema.op
+    inputs = [*op_schema.args_strategy, *op_schema.kwargs_strategy]
+    rules = rule.func(op, op_schema.args_meta, op_schema.kwargs_meta)
+    if rules:
+        n_outputs = len(rules[0]) - len(inputs)
+    elif returned is not None:
+        n_outputs = len(returned)
+    else:
+        n_outputs = sum("Tensor" in str(r.type) for r in op._schema.returns)
+    factors = {
+        int(p.split_factor)
+        for strategy in inputs
+        for candidate in strategy.strategies
+        for p in candidate.output_spec.placements
+        if isinstance(p, _StridedShard)
+    }
+    builders: list[Callable[[int], Placement]] = [Shard]
+    builders += [functools.partial(_StridedShard, split_factor=f) for f in sorted(factors)]
+    resolved: list[list[Placement | None]] = []
+    for r in rules:
+        if not any(isinstance(p, _ShardingPlaceholder) for p in r):
+            resolved.append(list(r))
+            continue
+        for build in builders:
+            resolved.append(
+                [build(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in r]
+            )
+    if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in resolved):
+        outputs: list[Placement | None] = [
+            None
+            if returned is not None and i < len(returned) and not returned[i]
+            else Replicate()
+            for i in range(n_outputs)
+        ]
+        resolved.insert(0, outputs + [Replicate()] * len(inputs))
+    return resolved, n_outputs
+
+
 def utility_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> OpStrategy | None:
     """``op``'s single-dim rules expanded the way a downstream rule author does.
 
     The rules DTensor registers for ``op`` (``None`` if it has none, or if the
-    schema holds tensor lists, which an author expands per element), with every
-    ``_ShardingPlaceholder`` resolved to ``Shard`` and the all-Replicate rule
-    added, handed to ``expand_to_full_mesh_op_strategy`` with no output metas:
-    whatever the result lacks, the utility left out.
+    schema holds tensor lists, which an author expands per element), resolved by
+    :func:`author_rules`, handed to ``expand_to_full_mesh_op_strategy`` with no
+    output metas: whatever the result lacks, the utility left out.
     """
-    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
     op = op_schema.op
@@ -573,21 +627,12 @@ def utility_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> OpStrategy | None
     args = (*op_schema.args_schema, *op_schema.kwargs_schema.values())
     if info is None or any(isinstance(x, (TupleStrategy, list, tuple)) for x in args):
         return None
-    n_inputs = sum(isinstance(x, OpStrategy) for x in args)
-    rules = [
-        [Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
-        for rule in info.func(op, op_schema.args_meta, op_schema.kwargs_meta)
-    ]
-    if any(isinstance(r.type, torch.ListType) for r in op._schema.returns):
-        # A Tensor[] result takes one placement per element: the rules say how many.
-        if not rules:
-            return None
-        n_outputs = len(rules[0]) - n_inputs
-    else:
-        n_outputs = sum("Tensor" in str(r.type) for r in op._schema.returns)
-    replicate: list[Placement | None] = [Replicate()] * (n_outputs + n_inputs)
-    if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in rules):
-        rules.append(replicate)
+    if any(isinstance(r.type, torch.ListType) for r in op._schema.returns) and not (
+        info.func(op, op_schema.args_meta, op_schema.kwargs_meta)
+    ):
+        # A Tensor[] result takes one placement per element: only rules say how many.
+        return None
+    rules, n_outputs = author_rules(op_schema, info)
     return expand_to_full_mesh_op_strategy(
         mesh,
         op_schema,
