@@ -277,7 +277,7 @@ def _parity_outcome(rec: dict) -> str:
 
 
 def classify_parity(stock: dict, built: dict) -> str | None:
-    """How one op moved from stock to built: worse, newly_works, better, note, or None."""
+    """How one op moved from stock to built: worse, newly_works, better, notes, or None."""
     sev_s, sev_b = PARITY_SEVERITY[stock["outcome"]], PARITY_SEVERITY[built["outcome"]]
     if sev_b > sev_s:
         return "worse"
@@ -286,7 +286,7 @@ def classify_parity(stock: dict, built: dict) -> str | None:
     if stock["outcome"] != built["outcome"] or (
         (stock.get("type"), stock.get("message")) != (built.get("type"), built.get("message"))
     ):
-        return "note"
+        return "notes"
     return None
 
 
@@ -324,14 +324,8 @@ def compare_parity(pdocs: dict[str, dict]) -> dict:
                  "stock_message": s.get("message", ""), "built_message": b.get("message", ""),
                  "stock_s": s.get("dtensor_s", 0.0), "built_s": b.get("dtensor_s", 0.0)}
         kind = classify_parity(s, b)
-        if kind == "worse":
-            out["worse"].append(entry)
-        elif kind == "newly_works":
-            out["newly_works"].append(entry)
-        elif kind == "better":
-            out["better"].append(entry)
-        elif kind == "note":
-            out["notes"].append(entry)
+        if kind is not None:
+            out[kind].append(entry)
         ratio = time_ratio(entry["stock_s"], entry["built_s"])
         if ratio is not None and ratio > PARITY_REPORT_RATIO and max(entry["stock_s"], entry["built_s"]) >= PARITY_FLOOR_S:
             out["slower"].append({**entry, "ratio": round(ratio, 2) if ratio != float("inf") else "inf"})

@@ -259,10 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     first: dict[str, Any] = next(iter(validation.results.values()), {})
     infer_failed = [{"op": c.op, "type": e["type"], "message": e["message"], "calls": e["calls"]}
                     for c in first.values() for e in c.uninferable.values()]
-    op_seconds: dict[str, float] = defaultdict(float)
-    for per_op in validation.results.values():
-        for op, c in per_op.items():
-            op_seconds[op] += c.seconds
     doc = {
         "torch": args.role, "torch_version": torch.__version__, "torch_file": torch.__file__,
         "python": sys.executable, "checker": str(Path(args.checker).resolve()),
@@ -281,8 +277,6 @@ def main(argv: list[str] | None = None) -> int:
                             **{t.__name__: r for t, r in cv.sweep.RUNTIME_REFUSAL_TYPES.items()}},
         "coverage": coverage(cv.sweep, DTensor._op_dispatcher.sharding_propagator, captured),
         "selections": selections,
-        "slowest_ops": [{"seconds": round(s, 2), "op": o}
-                        for o, s in sorted(op_seconds.items(), key=lambda kv: -kv[1])[:15]],
         "timing": {"startup_s": round(t_setup - t_start, 1), "query_s": round(t_query - t_setup, 1),
                    "total_s": round(time.monotonic() - t_start, 1), "cpu_s": round(time.process_time(), 1)},
     }

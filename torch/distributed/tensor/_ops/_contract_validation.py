@@ -590,39 +590,32 @@ class ContractValidation:
             specs = sum(c.specs for _, c in per)
             lines.append(
                 f"\n[{i}/{len(names)}] {op} ({per[0][1].registry})"
-                f" — Queries: {queries}, OpSpecs: {specs}"
+                f" — Queries: {queries}, OpSpecs: {specs}\n" + "-" * 70
             )
-            lines.append("-" * 70)
             for where, c in per:
+                t = totals([c])
                 broke = [f"{k} {n}" for k, n in sorted(c.clauses.items())]
-                broke += (
-                    [f"{sum(e['count'] for e in c.errors.values())} errors"]
-                    if c.errors
-                    else []
-                )
-                broke += (
-                    [f"{sum(e['count'] for e in c.refusals.values())} refused"]
-                    if c.refusals
-                    else []
-                )
+                broke += [f"{t['errors']} errors"] if c.errors else []
+                broke += [f"{t['refused']} refused"] if c.refusals else []
                 if broke:
                     lines.append(f"  {where}: " + ", ".join(broke))
-                lines += [
-                    f"    {e['violation']}\n      in {e['query']}: {e['call']}"
-                    for e in c.examples.values()
-                ]
-                lines += [
-                    f"    raised {e['type']}: {e['message']}\n      in {e['query']}: {e['call']}"
-                    for e in c.errors.values()
-                ]
-                lines += [
-                    f"    shape inference raised {e['type']}: {e['message']}\n      in {e['call']}"
-                    for e in c.uninferable.values()
-                ]
+                for e in c.examples.values():
+                    lines.append(
+                        f"    {e['violation']}\n      in {e['query']}: {e['call']}"
+                    )
+                for e in c.errors.values():
+                    lines.append(
+                        f"    raised {e['type']}: {e['message']}\n"
+                        f"      in {e['query']}: {e['call']}"
+                    )
+                for e in c.uninferable.values():
+                    lines.append(
+                        f"    shape inference raised {e['type']}: {e['message']}\n"
+                        f"      in {e['call']}"
+                    )
         if limit is not None and len(names) > limit:
-            lines.append(
-                f"... and {len(names) - limit} more ops: {', '.join(names[limit:])}"
-            )
+            more = names[limit:]
+            lines.append(f"... and {len(more)} more ops: {', '.join(more)}")
         return "\n".join(lines)
 
     def format_summary(self, per_op_table: bool = True) -> str:
@@ -631,49 +624,22 @@ class ContractValidation:
         for counts in self.results.values():
             for op, c in counts.items():
                 per_op[op].append(c)
-        rows = [
-            [op, *_row(cs), f"{sum(c.seconds for c in cs):.1f}s"]
-            for op, cs in sorted(per_op.items())
-        ]
-        rows.append(
-            [
-                "Total",
-                *_row([c for cs in per_op.values() for c in cs]),
-                f"{sum(c.seconds for cs in per_op.values() for c in cs):.1f}s",
-            ]
-        )
-        headers = ["Op", *CLAUSES, "Errors", "Refused", "No strategy", "Time"]
+        rows = [[op, *_cells(cs), _seconds(cs)] for op, cs in sorted(per_op.items())]
+        every = [c for cs in per_op.values() for c in cs]
+        rows.append(["Total", *_cells(every), _seconds(every)])
         by_mesh = [
-            [
-                mode,
-                mesh,
-                len(cs),
-                sum(1 for c in cs.values() if c.clauses),
-                *_row(cs.values(), True),
-            ]
+            [mode, mesh, len(cs), sum(1 for c in cs.values() if c.clauses)]
+            + _cells(cs.values(), True)
             for (mode, mesh), cs in self.results.items()
         ]
-        return "\n".join(
-            [
-                "\n" + "=" * 70,
-                "Summary (OpSpecs breaking each clause)",
-                "=" * 70,
-                *([_table(headers, rows), ""] if per_op_table else []),
-                _table(
-                    [
-                        "mode",
-                        "mesh",
-                        "ops",
-                        "ops w/ viol",
-                        *CLAUSES,
-                        "errors",
-                        "refused",
-                        "no strategy",
-                    ],
-                    by_mesh,
-                ),
-            ]
-        )
+        counted = ["errors", "refused", "no strategy"]
+        lines = ["\n" + "=" * 70, "Summary (OpSpecs breaking each clause)", "=" * 70]
+        if per_op_table:
+            headers = ["Op", *CLAUSES, *(h.capitalize() for h in counted), "Time"]
+            lines += [_table(headers, rows), ""]
+        headers = ["mode", "mesh", "ops", "ops w/ viol", *CLAUSES, *counted]
+        lines.append(_table(headers, by_mesh))
+        return "\n".join(lines)
 
 
 def totals(ops: Any) -> dict[str, Any]:
@@ -698,18 +664,23 @@ def totals(ops: Any) -> dict[str, Any]:
     }
 
 
-def _row(ops: Any, with_ops: bool = False) -> list[str]:
+def _cells(ops: Any, with_ops: bool = False) -> list[str]:
+    """Table cells of ``ops``' totals: OpSpecs per clause (with ``with_ops``
+    followed by the ops breaking it), errors, refused and no-strategy answers."""
     t = totals(ops)
     cells = [
-        f"{t['violations'][k]} ({t['ops_by_clause'][k]})"
-        if with_ops and t["violations"][k]
-        else str(t["violations"][k])
-        for k in CLAUSES
+        f"{n} ({t['ops_by_clause'][k]})" if with_ops and n else str(n)
+        for k, n in t["violations"].items()
     ]
     return cells + [str(t["errors"]), str(t["refused"]), str(t["no_strategy"])]
 
 
+def _seconds(ops: Sequence[OpCounts]) -> str:
+    return f"{sum(c.seconds for c in ops):.1f}s"
+
+
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain-text table, the first column left-aligned, the others right."""
     cells = [[str(c) for c in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
 

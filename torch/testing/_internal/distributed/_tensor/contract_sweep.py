@@ -145,36 +145,27 @@ RUNTIME_REFUSAL_TYPES: dict[type[BaseException], str] = {
 }
 
 
-def _exception_chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from (``raise ... from``).
-
-    Only explicit causes count: an unrelated error raised while another was
-    being handled is no refusal.
-    """
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not e for e in chain):
-        chain.append(current)
-        current = current.__cause__
-    return chain
-
-
 def runtime_refusal_key(exc: BaseException) -> str | None:
     """Which runtime refusal ``exc`` is, or ``None`` when it is none.
 
     The key is the :data:`RUNTIME_REFUSALS` message fragment ``exc`` carries,
-    or the name of the :data:`RUNTIME_REFUSAL_TYPES` type it is or wraps
-    (DTensor's dispatch re-raises strategy failures inside a ``RuntimeError``).
-    Reports group refusals by it.
+    or the name of the :data:`RUNTIME_REFUSAL_TYPES` type it is or was raised
+    from (DTensor's dispatch re-raises strategy failures inside a
+    ``RuntimeError``); only explicit causes count, not an error raised while
+    another was handled. Reports group refusals by it.
     """
     message = str(exc)
     for pattern in RUNTIME_REFUSALS:
         if pattern in message:
             return pattern
-    for e in _exception_chain(exc):
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not e for e in seen):
         for refused in RUNTIME_REFUSAL_TYPES:
-            if isinstance(e, refused):
+            if isinstance(current, refused):
                 return refused.__name__
+        seen.append(current)
+        current = current.__cause__
     return None
 
 
@@ -186,11 +177,8 @@ def runtime_refusal(exc: BaseException) -> str | None:
     exception from a planner query is an error.
     """
     key = runtime_refusal_key(exc)
-    if key is None:
-        return None
-    if key in RUNTIME_REFUSALS:
-        return RUNTIME_REFUSALS[key]
-    return next(r for t, r in RUNTIME_REFUSAL_TYPES.items() if t.__name__ == key)
+    reasons = {t.__name__: r for t, r in RUNTIME_REFUSAL_TYPES.items()}
+    return None if key is None else {**RUNTIME_REFUSALS, **reasons}[key]
 
 
 def _sharding_propagator() -> Any:
@@ -561,7 +549,7 @@ def runtime_selection(runtime: OpSchema) -> OutputSharding:
 def author_rules(
     op_schema: OpSchema, rule: Any, returned: Sequence[bool] | None = None
 ) -> tuple[list[list[Placement | None]], int]:
-    """``op_schema``'s single-dim rules resolved as a rule author or planner resolves them.
+    """``op_schema``'s single-dim rules, resolved as a rule author or planner does.
 
     ``rule`` is the op's ``op_single_dim_strategy_funcs`` entry. Each
     ``_ShardingPlaceholder`` becomes ``Shard`` and, once per ``_StridedShard``
@@ -591,7 +579,9 @@ def author_rules(
         if isinstance(p, _StridedShard)
     }
     builders: list[Callable[[int], Placement]] = [Shard]
-    builders += [functools.partial(_StridedShard, split_factor=f) for f in sorted(factors)]
+    builders += [
+        functools.partial(_StridedShard, split_factor=f) for f in sorted(factors)
+    ]
     resolved: list[list[Placement | None]] = []
     for r in rules:
         if not any(isinstance(p, _ShardingPlaceholder) for p in r):
