@@ -12,8 +12,9 @@ Run from the repository root::
 
 The worker (``tools/audit/worker.py``) runs the contract mode of
 ``strategy_validation`` (``python -m torch.distributed.tensor._ops.strategy_validation
---contract``, whose options and counts it shares) once under each python, in
-parallel, and writes one JSON each under ``.build/audit/``. This orchestrator is the
+--contract``, whose options and counts it shares: those not listed here, such as
+``--meshes`` or ``--calls-per-op``, are passed on as given) once under each python,
+in parallel, and writes one JSON each under ``.build/audit/``. This orchestrator is the
 comparison of the two and the report over it, and only uses the standard library: it
 merges both, prints the side-by-side tables and writes ``reports/audit.json`` and
 ``reports/audit.md``.
@@ -77,18 +78,12 @@ class Progress:
 
 
 def worker_command(python: str, role: str, out: Path, args: argparse.Namespace) -> list[str]:
-    cmd = [python, "-m", "tools.audit.worker", "--role", role, "--out", str(out)]
-    # the worker takes the contract mode's options (strategy_validation --contract)
-    for flag, option in (("ops", "op"), ("meshes", "meshes"), ("modes", "modes"), ("dtypes", "dtypes"),
-                         ("max_samples", "max-samples"), ("max_calls_per_op", "calls-per-op"),
-                         ("max_candidates", "candidates"), ("foreach_tensors", "foreach-tensors"),
-                         ("query_timeout", "query-timeout"), ("preload", "preload")):
-        value = getattr(args, flag)
+    """The contract worker for one torch, with the contract mode's options this command did not read."""
+    cmd = [python, "-m", "tools.audit.worker", "--role", role, "--out", str(out), *args.contract_options]
+    for flag, value in (("op", args.ops), ("foreach-tensors", args.foreach_tensors), ("preload", args.preload)):
         if value is not None:
-            cmd += [f"--{option}", str(value)]
-    if args.full_space:
-        cmd += ["--full-space", args.full_space]
-    return cmd
+            cmd += [f"--{flag}", str(value)]
+    return cmd + (["--full-space", args.full_space] if args.full_space else [])
 
 
 def parity_command(python: str, role: str, out: Path, args: argparse.Namespace) -> list[str]:
@@ -779,6 +774,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tools.audit",
         description="Audit DTensor sharding strategies against the strategy contract (C1-C5), stock vs built.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
         epilog=__doc__.split("\n\n", 1)[1],
     )
     ap.add_argument("--stock-python", default=".venv-stock/bin/python", help="python of the stock torch venv")
@@ -786,16 +782,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=ROLES, help="run a single side")
     ap.add_argument("--ops", default=None,
                     help='comma-separated OpInfo names and/or aten op names, globs allowed (e.g. add,mm,"nn.functional.*")')
-    ap.add_argument("--meshes", default=None, help="comma-separated mesh shapes among 4, 2x2, 2x4, 2x2x2 (4,2x2)")
-    ap.add_argument("--modes", default=None, help="default runtime,planner,utility")
-    ap.add_argument("--dtypes", default=None, help="default float32,bfloat16,int64,bool,complex64")
-    ap.add_argument("--max-samples", type=int, default=None, help="samples per OpInfo and dtype (default 3)")
-    ap.add_argument("--max-calls-per-op", type=int, default=None, help="distinct calls per aten op (default 4)")
-    ap.add_argument("--max-candidates", type=int, default=None, help="planner candidates per input (default 16)")
     ap.add_argument("--foreach-tensors", type=int, default=None,
-                    help="tensors per list in foreach samples (default 8; 0: the OpInfo default, 20)")
-    ap.add_argument("--query-timeout", type=float, default=None,
-                    help="CPU seconds per query before it counts as a QueryTimeout error (default 60; 0: none)")
+                    help="tensors per list in foreach samples, contract and parity (default 8; 0: the OpInfo's)")
     ap.add_argument("--preload", default=None,
                     help="python file each worker runs after setup, before querying (tests, experiments)")
     ap.add_argument("--out-dir", default="reports", help="where audit.json and audit.md go")
@@ -822,7 +810,9 @@ def main(argv: list[str] | None = None) -> int:
                     "side's fastest time (0: one measurement)")
     ap.add_argument("--op-timeout", type=float, default=120.0,
                     help="parity: wall seconds of DTensor runs per OpInfo before it counts as raised Timeout")
-    args = ap.parse_args(argv)
+    # the contract mode's own options (--meshes, --modes, --dtypes, --max-samples,
+    # --calls-per-op, --candidates, --query-timeout) go to the worker as given
+    args, args.contract_options = ap.parse_known_args(argv)
 
     roles = [args.only] if args.only else list(ROLES)
     build_dir = (REPO_ROOT / args.build_dir).resolve()
