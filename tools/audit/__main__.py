@@ -812,7 +812,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="parity: wall seconds of DTensor runs per OpInfo before it counts as raised Timeout")
     # the contract mode's own options (--meshes, --modes, --dtypes, --max-samples,
     # --calls-per-op, --candidates, --query-timeout) go to the worker as given
-    args, args.contract_options = ap.parse_known_args(argv)
+    args, contract_options = ap.parse_known_args(argv)
+    args.contract_options = contract_options
 
     roles = [args.only] if args.only else list(ROLES)
     build_dir = (REPO_ROOT / args.build_dir).resolve()

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
 
 
-MISSING = "missing"
 NOT_VALID = "not valid for the op: "
 
 # One spec's placements by name, or None for no spec.
@@ -45,34 +44,16 @@ Placed = tuple[str, ...] | None
 StrategyKey = tuple[tuple[Placed, ...], tuple[Placed, ...]]
 
 
-@dataclass(frozen=True)
-class Gap:
-    """A strategy the planner's expansion finds and DTensor's answer lacks."""
-
-    strategy: str
-    verdict: str
-
-    @property
-    def missing(self) -> bool:
-        return self.verdict == MISSING
-
-
 @dataclass
 class Comparison:
-    """One schema compared: sizes of both answers and what DTensor's lacks."""
+    """One schema compared: sizes of both answers, and the strategies the planner's
+    expansion finds that DTensor's answer lacks, missing or not valid (with why)."""
 
     op: str
     dtensor: int
     planner: int
-    gaps: list[Gap] = field(default_factory=list)
-
-    @property
-    def missing(self) -> list[Gap]:
-        return [g for g in self.gaps if g.missing]
-
-    @property
-    def invalid(self) -> list[Gap]:
-        return [g for g in self.gaps if not g.missing]
+    missing: list[str] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
 
 
 def _propagator() -> Any:
@@ -232,8 +213,10 @@ def _gaps(
             continue
         seen.add(key)
         reason = why_not_valid(schema, mesh, spec, info, inplace)
-        verdict = MISSING if reason is None else NOT_VALID + reason
-        result.gaps.append(Gap(where + describe(key), verdict))
+        if reason is None:
+            result.missing.append(where + describe(key))
+        else:
+            result.invalid.append(NOT_VALID + reason)
 
 
 def compare(op_schema: OpSchema, mesh: DeviceMesh | None = None) -> Comparison:
@@ -294,11 +277,10 @@ class Summary:
         self.schemas += 1
         self.missing[c.op] += len(c.missing)
         self.invalid[c.op] += len(c.invalid)
-        for g in c.invalid:
-            self.reasons[g.verdict] += 1
+        self.reasons.update(c.invalid)
         if c.missing and len(self.examples.setdefault(c.op, [])) < 3:
             self.examples[c.op].append(
-                f"{where}: DTensor {c.dtensor}, planner {c.planner}; missing e.g. {c.missing[0].strategy}"
+                f"{where}: DTensor {c.dtensor}, planner {c.planner}; missing e.g. {c.missing[0]}"
             )
 
     def as_dict(self) -> dict[str, Any]:

@@ -22,6 +22,10 @@ what it cannot do, each piece for a reason:
 * :func:`query_strategy`, :func:`utility_strategy`, :func:`runtime_selection`:
   every registry asked the way dispatch, a planner and a rule author ask it,
   where ``strategy_validation`` expands single-dim rules only.
+* :func:`author_rules`: ``strategy_validation`` turns placeholders into
+  ``Shard`` for one mesh dim; a rule author or planner expanding a rule over a
+  mesh also needs ``_StridedShard`` per split factor and the all-``Replicate``
+  rule, ``None`` where the op returns ``None``.
 * :func:`runtime_refusal`: tells DTensor deliberately refusing a runtime input
   from a failure, per query; ``strategy_validation`` has no notion of refusals.
 
@@ -68,7 +72,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
     "CONTRACT_SKIPS",
-    "author_rules",
     "MODES",
     "REGISTRIES",
     "RUNTIME_REFUSALS",
@@ -76,6 +79,7 @@ __all__ = [
     "CallRecorder",
     "CandidateFunc",
     "CapturedCall",
+    "author_rules",
     "capped_candidates",
     "capture_calls",
     "first_candidates",
