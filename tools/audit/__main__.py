@@ -99,87 +99,63 @@ def parity_command(python: str, role: str, out: Path, args: argparse.Namespace) 
     return cmd
 
 
+def _run(cmd: list[str], log: Path, env: dict[str, str], progress: Progress, run: dict[str, Any]) -> None:
+    """Run one worker, its output into ``log``, passing its progress lines on; record exit and time."""
+    started = time.monotonic()
+    with open(log, "w") as logf:
+        logf.write("$ " + " ".join(cmd) + "\n")
+        logf.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=logf, stderr=subprocess.PIPE, text=True, bufsize=1)
+        for line in proc.stderr or ():
+            logf.write(line)
+            m = PROGRESS_RE.match(line.strip())
+            if m:
+                progress.update(m.group(1), m.group(2), int(m.group(3)), int(m.group(4)))
+        run.update(returncode=proc.wait(), seconds=time.monotonic() - started)
+
+
 def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kind: str = "contract",
                 prefix: str | None = None) -> dict[str, dict]:
-    """Run one worker per torch; ``kind`` "parity" runs the parity worker, always one after the other."""
-    command, default_prefix = (parity_command, "parity-") if kind == "parity" else (worker_command, "")
-    prefix = default_prefix if prefix is None else prefix
-    pythons = {"stock": args.stock_python, "built": args.built_python}
-    for role in roles:
-        py = Path(pythons[role])
-        if not py.is_absolute():
-            py = REPO_ROOT / py
-        if not py.exists():
-            raise SystemExit(
-                f"{role} python not found: {py} (run `make build`, or pass --{role}-python)"
-            )
-        pythons[role] = str(py)
+    """One worker per torch, in parallel; parity workers one after the other, so that their times compare.
 
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONDONTWRITEBYTECODE="1")
+    Returns each worker's JSON, with its wall time added.
+    """
+    command = parity_command if kind == "parity" else worker_command
+    prefix = ("parity-" if kind == "parity" else "") if prefix is None else prefix
+    pythons = {role: Path(getattr(args, f"{role}_python")) for role in roles}
+    pythons = {role: py if py.is_absolute() else REPO_ROOT / py for role, py in pythons.items()}
+    for role, py in pythons.items():
+        if not py.exists():
+            raise SystemExit(f"{role} python not found: {py} (run `make build`, or pass --{role}-python)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONDONTWRITEBYTECODE": "1"}
     progress = Progress()
-    procs: dict[str, subprocess.Popen] = {}
+    runs: dict[str, dict[str, Any]] = {}
     threads = []
-    logs = {}
-    outs = {}
-    t0 = time.monotonic()
-    durations: dict[str, float] = {}
     for role in roles:
         # per-run names, renamed to <role>.json/.log once the worker succeeded: a
         # concurrent run sharing the build dir never sees (or removes) a partial file
-        out = build_dir / f"{prefix}{role}.{os.getpid()}.json"
-        outs[role] = out
-        logs[role] = build_dir / f"{prefix}{role}.{os.getpid()}.log"
-        cmd = command(pythons[role], role, out, args)
-        started = time.monotonic()
-        logf = open(logs[role], "w")  # noqa: SIM115 (closed by the pump thread once the worker ends)
-        logf.write("$ " + " ".join(cmd) + "\n")
-        logf.flush()
-        proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, env=env, stdout=logf, stderr=subprocess.PIPE, text=True, bufsize=1
-        )
-        procs[role] = proc
-
-        def pump(
-            role: str = role,
-            proc: subprocess.Popen[str] = proc,
-            logf: TextIO = logf,
-            started: float = started,
-        ) -> None:
-            if proc.stderr is None:
-                raise RuntimeError("worker started without a stderr pipe")
-            for line in proc.stderr:
-                logf.write(line)
-                m = PROGRESS_RE.match(line.strip())
-                if m:
-                    progress.update(m.group(1), m.group(2), int(m.group(3)), int(m.group(4)))
-            proc.wait()
-            # parity workers run one after the other: each one's own wall time
-            durations[role] = time.monotonic() - (started if kind == "parity" else t0)
-            logf.close()
-
-        th = threading.Thread(target=pump, daemon=True)
-        th.start()
-        threads.append(th)
+        run = runs[role] = {ext: build_dir / f"{prefix}{role}.{os.getpid()}.{ext}" for ext in ("json", "log")}
+        cmd = command(str(pythons[role]), role, run["json"], args)
+        threads.append(threading.Thread(target=_run, args=(cmd, run["log"], env, progress, run), daemon=True))
+        threads[-1].start()
         if kind == "parity":
-            th.join()
+            threads[-1].join()
     for th in threads:
         th.join()
 
     docs = {}
-    failed = []
-    for role in roles:
-        if procs[role].returncode != 0 or not outs[role].exists():
-            failed.append(role)
-            tail = logs[role].read_text().splitlines()[-25:]
-            print(f"\n[audit {role}] worker failed (exit {procs[role].returncode}); log {logs[role]}:", file=sys.stderr)
+    for role, run in runs.items():
+        if run.get("returncode") != 0 or not run["json"].exists():
+            tail = run["log"].read_text().splitlines()[-25:]
+            print(f"\n[audit {role}] worker failed (exit {run.get('returncode')}); log {run['log']}:", file=sys.stderr)
             print("\n".join("    " + t for t in tail), file=sys.stderr)
             continue
-        docs[role] = json.loads(outs[role].read_text())
-        docs[role].setdefault("timing", {})["wall_s"] = round(durations.get(role, 0.0), 1)
-        os.replace(outs[role], build_dir / f"{prefix}{role}.json")
-        os.replace(logs[role], build_dir / f"{prefix}{role}.log")
-    if failed:
+        docs[role] = json.loads(run["json"].read_text())
+        docs[role].setdefault("timing", {})["wall_s"] = round(run["seconds"], 1)
+        for ext in ("json", "log"):
+            os.replace(run[ext], build_dir / f"{prefix}{role}.{ext}")
+    if len(docs) < len(roles):
         raise SystemExit(2)
     return docs
 

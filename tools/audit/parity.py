@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from tools._modules import write_json_atomically
-from tools.audit.worker import all_opinfos, load_validation, opinfo_label
+from tools.audit.worker import load_validation, opinfo_label
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -421,7 +421,6 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
     cv = load_validation()
     meshes = [(name, mesh, tuple(mesh.shape)) for name, mesh in cv.make_meshes(args.meshes).items()]
-    all_opinfos()
     # the contract mode's choice of OpInfos (aten op names choose none here)
     picked, _ = cv.select_opinfos([p.strip() for p in (args.ops or "").split(",") if p.strip()])
     chosen = [info for info, named in picked if named]

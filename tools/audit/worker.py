@@ -63,22 +63,6 @@ def load_checker(path: Path) -> Any:
     return load_by_path(f"_audit_{path.stem}", path)
 
 
-def _no_test_fn() -> None:
-    return None
-
-
-def all_opinfos() -> list[Any]:
-    """The OpInfo db the contract mode samples (the parity sweep samples it too)."""
-    import torch.testing._internal.common_utils as common_utils
-    import torch.testing._internal.opinfo.core as opinfo_core
-
-    # OpInfo.sample_inputs (which the parity sweep calls) looks for the running
-    # unittest by walking the stack, ~0.4 s per call once torch.distributed is imported.
-    common_utils.extract_test_fn = _no_test_fn
-    opinfo_core.extract_test_fn = _no_test_fn
-    return load_contract_sweep().opinfo_db()
-
-
 def opinfo_label(info: Any) -> str:
     variant = getattr(info, "variant_test_name", "") or ""
     return f"{info.name}.{variant}" if variant else info.name
@@ -231,7 +215,6 @@ def main(argv: list[str] | None = None) -> int:
         import runpy
 
         runpy.run_path(args.preload, run_name="__audit_preload__")
-    all_opinfos()
     selections: dict[str, dict] = {}
     after_runtime = selection_recorder(cv, selections, args.query_timeout)
     last = [0.0]
