@@ -15,10 +15,9 @@ what it cannot do, each piece for a reason:
   in-place variant and the foreach OpInfo lists run too), and an in-place call
   must be asked with its inputs as they were before the call.
 * :func:`strategy_schema`, :func:`runtime_schema` and the candidate builders
-  (:func:`capped_candidates`, :func:`first_candidates`,
-  :func:`planner_candidates`): ``strategy_validation`` hands rules bare metas; a
-  contract query needs the schema DTensor builds, with one or several candidate
-  placements per input.
+  (:func:`capped_candidates`, :func:`first_candidates`): ``strategy_validation``
+  hands rules bare metas; a contract query needs the schema DTensor builds, with
+  one or several candidate placements per input.
 * :func:`query_strategy`, :func:`utility_strategy`, :func:`runtime_selection`:
   every registry asked the way dispatch, a planner and a rule author ask it,
   where ``strategy_validation`` expands single-dim rules only.
@@ -86,9 +85,7 @@ __all__ = [
     "meta_of",
     "op_strategy",
     "opinfo_db",
-    "planner_candidates",
     "query_strategy",
-    "registry_coverage",
     "replicated_candidate",
     "runtime_refusal",
     "runtime_refusal_key",
@@ -218,32 +215,6 @@ def op_strategy(
             raise ValueError(f"placements {p} do not match a {mesh.ndim}-D mesh")
         specs.append(OpSpec(DTensorSpec(mesh, tuple(p), tensor_meta=meta)))
     return OpStrategy(specs)
-
-
-def planner_candidates(
-    mesh: DeviceMesh, meta: TensorMeta
-) -> list[tuple[Placement, ...]]:
-    """Every placement tuple a planner would consider for a tensor with ``meta``.
-
-    Per mesh dim: ``Replicate()``, ``Shard(d)`` for each tensor dim, and
-    ``Partial()`` for floating dtypes; tuples are taken in ``itertools.product``
-    order. A tuple is dropped when a tensor dim is split into more pieces than it
-    has elements, so that every rank holds a non-empty shard. The order is fixed,
-    which keeps strategy indices in failure messages stable.
-    """
-    per_dim: list[Placement] = [Replicate()]
-    per_dim += [Shard(d) for d in range(len(meta.shape))]
-    if meta.dtype.is_floating_point:
-        per_dim.append(Partial())
-    candidates = []
-    for combo in itertools.product(per_dim, repeat=mesh.ndim):
-        pieces = [1] * len(meta.shape)
-        for mesh_dim, p in enumerate(combo):
-            if isinstance(p, Shard):
-                pieces[p.dim] *= mesh.size(mesh_dim)
-        if all(n <= size for n, size in zip(pieces, meta.shape)):
-            candidates.append(combo)
-    return candidates
 
 
 def replicated_candidate(
@@ -950,28 +921,3 @@ def select_calls(
             picked.append(best)
         selected[op] = picked
     return selected
-
-
-def registry_coverage(ops: Iterable[OpOverload]) -> dict[str, tuple[int, int]]:
-    """Per registry: how many of ``ops`` it answers for, and how many it holds.
-
-    The decomposition registry holds the ops with an explicit decomposition
-    that no other registry answers; ops with a CompositeImplicitAutograd kernel
-    reach it too, uncounted.
-    """
-    from torch._decomp import decomposition_table
-
-    propagator = _sharding_propagator()
-    single_dim = set(propagator.op_single_dim_strategy_funcs)
-    op_strategy = set(propagator.op_strategy_funcs) - single_dim
-    registered = {
-        "single_dim": len(single_dim),
-        "op_strategy": len(op_strategy),
-        "decomposition": len(set(decomposition_table) - single_dim - op_strategy),
-    }
-    reached = dict.fromkeys(REGISTRIES, 0)
-    for op in ops:
-        registry = strategy_registry(op)
-        if registry is not None:
-            reached[registry] += 1
-    return {r: (reached[r], registered[r]) for r in REGISTRIES}
