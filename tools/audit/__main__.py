@@ -12,8 +12,9 @@ Run from the repository root::
 
 The worker (``tools/audit/worker.py``) runs the contract mode of
 ``strategy_validation`` (``python -m torch.distributed.tensor._ops.strategy_validation
---contract``, whose options and counts it shares) once under each python, in
-parallel, and writes one JSON each under ``.build/audit/``. This orchestrator is the
+--contract``, whose options and counts it shares: those not listed here, such as
+``--meshes`` or ``--calls-per-op``, are passed on as given) once under each python,
+in parallel, and writes one JSON each under ``.build/audit/``. This orchestrator is the
 comparison of the two and the report over it, and only uses the standard library: it
 merges both, prints the side-by-side tables and writes ``reports/audit.json`` and
 ``reports/audit.md``.
@@ -77,20 +78,12 @@ class Progress:
 
 
 def worker_command(python: str, role: str, out: Path, args: argparse.Namespace) -> list[str]:
-    cmd = [python, "-m", "tools.audit.worker", "--role", role, "--out", str(out)]
-    # the worker takes the contract mode's options (strategy_validation --contract)
-    for flag, option in (("ops", "op"), ("meshes", "meshes"), ("modes", "modes"), ("dtypes", "dtypes"),
-                         ("max_samples", "max-samples"), ("max_calls_per_op", "calls-per-op"),
-                         ("max_candidates", "candidates"), ("foreach_tensors", "foreach-tensors"),
-                         ("query_timeout", "query-timeout"), ("checker", "checker"), ("preload", "preload")):
-        value = getattr(args, flag)
+    """The contract worker for one torch, with the contract mode's options this command did not read."""
+    cmd = [python, "-m", "tools.audit.worker", "--role", role, "--out", str(out), *args.contract_options]
+    for flag, value in (("op", args.ops), ("foreach-tensors", args.foreach_tensors), ("preload", args.preload)):
         if value is not None:
-            cmd += [f"--{option}", str(value)]
-    if args.tracebacks:
-        cmd.append("--tracebacks")
-    if args.full_space:
-        cmd += ["--full-space", args.full_space]
-    return cmd
+            cmd += [f"--{flag}", str(value)]
+    return cmd + (["--full-space", args.full_space] if args.full_space else [])
 
 
 def parity_command(python: str, role: str, out: Path, args: argparse.Namespace) -> list[str]:
@@ -106,88 +99,63 @@ def parity_command(python: str, role: str, out: Path, args: argparse.Namespace) 
     return cmd
 
 
+def _run(cmd: list[str], log: Path, env: dict[str, str], progress: Progress, run: dict[str, Any]) -> None:
+    """Run one worker, its output into ``log``, passing its progress lines on; record exit and time."""
+    started = time.monotonic()
+    with open(log, "w") as logf:
+        logf.write("$ " + " ".join(cmd) + "\n")
+        logf.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=logf, stderr=subprocess.PIPE, text=True, bufsize=1)
+        for line in proc.stderr or ():
+            logf.write(line)
+            m = PROGRESS_RE.match(line.strip())
+            if m:
+                progress.update(m.group(1), m.group(2), int(m.group(3)), int(m.group(4)))
+        run.update(returncode=proc.wait(), seconds=time.monotonic() - started)
+
+
 def run_workers(args: argparse.Namespace, roles: list[str], build_dir: Path, kind: str = "contract",
                 prefix: str | None = None) -> dict[str, dict]:
-    """Run one worker per torch; ``kind`` "parity" runs the parity worker, always one after the other."""
-    command, default_prefix = (parity_command, "parity-") if kind == "parity" else (worker_command, "")
-    prefix = default_prefix if prefix is None else prefix
-    sequential = args.sequential or kind == "parity"
-    pythons = {"stock": args.stock_python, "built": args.built_python}
-    for role in roles:
-        py = Path(pythons[role])
-        if not py.is_absolute():
-            py = REPO_ROOT / py
-        if not py.exists():
-            raise SystemExit(
-                f"{role} python not found: {py} (run `make build`, or pass --{role}-python)"
-            )
-        pythons[role] = str(py)
+    """One worker per torch, in parallel; parity workers one after the other, so that their times compare.
 
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONDONTWRITEBYTECODE="1")
+    Returns each worker's JSON, with its wall time added.
+    """
+    command = parity_command if kind == "parity" else worker_command
+    prefix = ("parity-" if kind == "parity" else "") if prefix is None else prefix
+    pythons = {role: Path(getattr(args, f"{role}_python")) for role in roles}
+    pythons = {role: py if py.is_absolute() else REPO_ROOT / py for role, py in pythons.items()}
+    for role, py in pythons.items():
+        if not py.exists():
+            raise SystemExit(f"{role} python not found: {py} (run `make build`, or pass --{role}-python)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONDONTWRITEBYTECODE": "1"}
     progress = Progress()
-    procs: dict[str, subprocess.Popen] = {}
+    runs: dict[str, dict[str, Any]] = {}
     threads = []
-    logs = {}
-    outs = {}
-    t0 = time.monotonic()
-    durations: dict[str, float] = {}
     for role in roles:
         # per-run names, renamed to <role>.json/.log once the worker succeeded: a
         # concurrent run sharing the build dir never sees (or removes) a partial file
-        out = build_dir / f"{prefix}{role}.{os.getpid()}.json"
-        outs[role] = out
-        logs[role] = build_dir / f"{prefix}{role}.{os.getpid()}.log"
-        cmd = command(pythons[role], role, out, args)
-        started = time.monotonic()
-        logf = open(logs[role], "w")  # noqa: SIM115 (closed by the pump thread once the worker ends)
-        logf.write("$ " + " ".join(cmd) + "\n")
-        logf.flush()
-        proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, env=env, stdout=logf, stderr=subprocess.PIPE, text=True, bufsize=1
-        )
-        procs[role] = proc
-
-        def pump(
-            role: str = role,
-            proc: subprocess.Popen[str] = proc,
-            logf: TextIO = logf,
-            started: float = started,
-        ) -> None:
-            if proc.stderr is None:
-                raise RuntimeError("worker started without a stderr pipe")
-            for line in proc.stderr:
-                logf.write(line)
-                m = PROGRESS_RE.match(line.strip())
-                if m:
-                    progress.update(m.group(1), m.group(2), int(m.group(3)), int(m.group(4)))
-            proc.wait()
-            # parity workers run one after the other: each one's own wall time
-            durations[role] = time.monotonic() - (started if kind == "parity" else t0)
-            logf.close()
-
-        th = threading.Thread(target=pump, daemon=True)
-        th.start()
-        threads.append(th)
-        if sequential:
-            th.join()
+        run = runs[role] = {ext: build_dir / f"{prefix}{role}.{os.getpid()}.{ext}" for ext in ("json", "log")}
+        cmd = command(str(pythons[role]), role, run["json"], args)
+        threads.append(threading.Thread(target=_run, args=(cmd, run["log"], env, progress, run), daemon=True))
+        threads[-1].start()
+        if kind == "parity":
+            threads[-1].join()
     for th in threads:
         th.join()
 
     docs = {}
-    failed = []
-    for role in roles:
-        if procs[role].returncode != 0 or not outs[role].exists():
-            failed.append(role)
-            tail = logs[role].read_text().splitlines()[-25:]
-            print(f"\n[audit {role}] worker failed (exit {procs[role].returncode}); log {logs[role]}:", file=sys.stderr)
+    for role, run in runs.items():
+        if run.get("returncode") != 0 or not run["json"].exists():
+            tail = run["log"].read_text().splitlines()[-25:]
+            print(f"\n[audit {role}] worker failed (exit {run.get('returncode')}); log {run['log']}:", file=sys.stderr)
             print("\n".join("    " + t for t in tail), file=sys.stderr)
             continue
-        docs[role] = json.loads(outs[role].read_text())
-        docs[role].setdefault("timing", {})["wall_s"] = round(durations.get(role, 0.0), 1)
-        os.replace(outs[role], build_dir / f"{prefix}{role}.json")
-        os.replace(logs[role], build_dir / f"{prefix}{role}.log")
-    if failed:
+        docs[role] = json.loads(run["json"].read_text())
+        docs[role].setdefault("timing", {})["wall_s"] = round(run["seconds"], 1)
+        for ext in ("json", "log"):
+            os.replace(run[ext], build_dir / f"{prefix}{role}.{ext}")
+    if len(docs) < len(roles):
         raise SystemExit(2)
     return docs
 
@@ -256,10 +224,6 @@ def merge(docs: dict[str, dict]) -> dict:
         },
         "config": next(iter(docs.values()))["config"] if docs else {},
         "timing": {role: docs[role]["timing"] for role in docs},
-        "slowest_queries": {role: docs[role].get("slowest_queries", []) for role in docs},
-        "planner_candidates": "per tensor input: every combination over mesh dims of Replicate, each "
-        "Shard(d) with size(d) >= mesh dim size and Partial() for float/complex dtypes; ordered by "
-        "number of non-Replicate mesh dims (all-Replicate first); capped",
     }
     return merged
 
@@ -284,7 +248,7 @@ def _parity_outcome(rec: dict) -> str:
 
 
 def classify_parity(stock: dict, built: dict) -> str | None:
-    """How one op moved from stock to built: worse, newly_works, better, note, or None."""
+    """How one op moved from stock to built: worse, newly_works, better, notes, or None."""
     sev_s, sev_b = PARITY_SEVERITY[stock["outcome"]], PARITY_SEVERITY[built["outcome"]]
     if sev_b > sev_s:
         return "worse"
@@ -293,7 +257,7 @@ def classify_parity(stock: dict, built: dict) -> str | None:
     if stock["outcome"] != built["outcome"] or (
         (stock.get("type"), stock.get("message")) != (built.get("type"), built.get("message"))
     ):
-        return "note"
+        return "notes"
     return None
 
 
@@ -331,14 +295,8 @@ def compare_parity(pdocs: dict[str, dict]) -> dict:
                  "stock_message": s.get("message", ""), "built_message": b.get("message", ""),
                  "stock_s": s.get("dtensor_s", 0.0), "built_s": b.get("dtensor_s", 0.0)}
         kind = classify_parity(s, b)
-        if kind == "worse":
-            out["worse"].append(entry)
-        elif kind == "newly_works":
-            out["newly_works"].append(entry)
-        elif kind == "better":
-            out["better"].append(entry)
-        elif kind == "note":
-            out["notes"].append(entry)
+        if kind is not None:
+            out[kind].append(entry)
         ratio = time_ratio(entry["stock_s"], entry["built_s"])
         if ratio is not None and ratio > PARITY_REPORT_RATIO and max(entry["stock_s"], entry["built_s"]) >= PARITY_FLOOR_S:
             out["slower"].append({**entry, "ratio": round(ratio, 2) if ratio != float("inf") else "inf"})
@@ -792,6 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tools.audit",
         description="Audit DTensor sharding strategies against the strategy contract (C1-C5), stock vs built.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
         epilog=__doc__.split("\n\n", 1)[1],
     )
     ap.add_argument("--stock-python", default=".venv-stock/bin/python", help="python of the stock torch venv")
@@ -799,21 +758,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=ROLES, help="run a single side")
     ap.add_argument("--ops", default=None,
                     help='comma-separated OpInfo names and/or aten op names, globs allowed (e.g. add,mm,"nn.functional.*")')
-    ap.add_argument("--meshes", default=None, help="comma-separated mesh shapes among 4, 2x2, 2x4, 2x2x2 (4,2x2)")
-    ap.add_argument("--modes", default=None, help="default runtime,planner,utility")
-    ap.add_argument("--dtypes", default=None, help="default float32,bfloat16,int64,bool,complex64")
-    ap.add_argument("--max-samples", type=int, default=None, help="samples per OpInfo and dtype (default 3)")
-    ap.add_argument("--max-calls-per-op", type=int, default=None, help="distinct calls per aten op (default 4)")
-    ap.add_argument("--max-candidates", type=int, default=None, help="planner candidates per input (default 16)")
     ap.add_argument("--foreach-tensors", type=int, default=None,
-                    help="tensors per list in foreach samples (default 8; 0: the OpInfo default, 20)")
-    ap.add_argument("--query-timeout", type=float, default=None,
-                    help="CPU seconds per query before it counts as a QueryTimeout error (default 60; 0: none)")
-    ap.add_argument("--checker", default=None, help="strategy_contract.py to judge with (default: the repo's)")
-    ap.add_argument("--tracebacks", action="store_true", help="keep short tracebacks in error details")
+                    help="tensors per list in foreach samples, contract and parity (default 8; 0: the OpInfo's)")
     ap.add_argument("--preload", default=None,
                     help="python file each worker runs after setup, before querying (tests, experiments)")
-    ap.add_argument("--sequential", action="store_true", help="run the workers one after the other")
     ap.add_argument("--out-dir", default="reports", help="where audit.json and audit.md go")
     ap.add_argument("--report-name", default="audit",
                     help="file name of the report, without suffix (make audit: audit-<release> but for 2.13.0's)")
@@ -838,7 +786,10 @@ def main(argv: list[str] | None = None) -> int:
                     "side's fastest time (0: one measurement)")
     ap.add_argument("--op-timeout", type=float, default=120.0,
                     help="parity: wall seconds of DTensor runs per OpInfo before it counts as raised Timeout")
-    args = ap.parse_args(argv)
+    # the contract mode's own options (--meshes, --modes, --dtypes, --max-samples,
+    # --calls-per-op, --candidates, --query-timeout) go to the worker as given
+    args, contract_options = ap.parse_known_args(argv)
+    args.contract_options = contract_options
 
     roles = [args.only] if args.only else list(ROLES)
     build_dir = (REPO_ROOT / args.build_dir).resolve()

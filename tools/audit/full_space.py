@@ -15,19 +15,14 @@ and DTensor's answer lacks is either ``missing`` or ``not valid for the op:
 <reason>``, the reason being what the rule's registration says (an in-place op's
 ``self`` cannot be redistributed, the rule's full-mesh filter, unbacked dims the
 rule does not shard), which that expansion does not read. :func:`compare_calls`
-sums it up over captured calls, and ``python -m tools.audit.full_space`` runs it
-over OpInfo samples on the built torch (stock torch has no planner entry point)::
+sums it up over captured calls; the audit's worker runs it on the built torch
+(stock torch has no planner entry point, nor the helpers used here)::
 
-    .venv/bin/python -m tools.audit.full_space --ops view_as_complex,view_as_real
+    python -m tools.audit --only built --ops view_as_complex --full-space audit,few,replicated,partials
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
-import logging
-import sys
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast, TYPE_CHECKING
@@ -41,7 +36,6 @@ if TYPE_CHECKING:
     from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
 
 
-MISSING = "missing"
 NOT_VALID = "not valid for the op: "
 
 # One spec's placements by name, or None for no spec.
@@ -50,34 +44,16 @@ Placed = tuple[str, ...] | None
 StrategyKey = tuple[tuple[Placed, ...], tuple[Placed, ...]]
 
 
-@dataclass(frozen=True)
-class Gap:
-    """A strategy the planner's expansion finds and DTensor's answer lacks."""
-
-    strategy: str
-    verdict: str
-
-    @property
-    def missing(self) -> bool:
-        return self.verdict == MISSING
-
-
 @dataclass
 class Comparison:
-    """One schema compared: sizes of both answers and what DTensor's lacks."""
+    """One schema compared: sizes of both answers, and the strategies the planner's
+    expansion finds that DTensor's answer lacks, missing or not valid (with why)."""
 
     op: str
     dtensor: int
     planner: int
-    gaps: list[Gap] = field(default_factory=list)
-
-    @property
-    def missing(self) -> list[Gap]:
-        return [g for g in self.gaps if g.missing]
-
-    @property
-    def invalid(self) -> list[Gap]:
-        return [g for g in self.gaps if not g.missing]
+    missing: list[str] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
 
 
 def _propagator() -> Any:
@@ -128,77 +104,21 @@ def describe(key: StrategyKey) -> str:
     return f"{', '.join(one(o) for o in outs)} <- {', '.join(one(i) for i in ins)}"
 
 
-def _split_factors(strategies: Sequence[OpStrategy]) -> list[int]:
-    """The ``_StridedShard`` split factors the inputs' candidates carry, sorted."""
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    return sorted(
-        {
-            int(p.split_factor)
-            for strategy in strategies
-            for candidate in strategy.strategies
-            for p in candidate.output_spec.placements
-            if isinstance(p, _StridedShard)
-        }
-    )
-
-
-def planner_rules(
-    op_schema: OpSchema, n_inputs: int, metas: object, info: Any
-) -> tuple[list[list[Any]], int]:
-    """The op's registered single-dim rules as a planner resolves them, and the result count.
-
-    The all-``Replicate`` rule is added (``None`` where the op returns ``None``);
-    each placeholder becomes ``Shard`` and, once per split factor the inputs
-    carry, ``_StridedShard``.
-    """
-    from torch.distributed.tensor._dtensor_spec import TensorMeta
-    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
-    from torch.distributed.tensor.placement_types import _StridedShard, Replicate, Shard
-
-    op = op_schema.op
-    rules = info.func(op, op_schema.args_meta, op_schema.kwargs_meta)
-    if isinstance(metas, (list, tuple)) and not isinstance(metas, TensorMeta):
-        result_metas = list(metas)
-    else:
-        result_metas = [] if metas is None else [metas]
-    n_outputs = len(rules[0]) - n_inputs if rules else len(result_metas)
-    builders: list[Callable[[int], Any]] = [Shard]
-    for sf in _split_factors([*op_schema.args_strategy, *op_schema.kwargs_strategy]):
-        builders.append(functools.partial(_StridedShard, split_factor=sf))
-    resolved: list[list[Any]] = []
-    for rule in rules:
-        if not any(isinstance(p, _ShardingPlaceholder) for p in rule):
-            resolved.append(list(rule))
-            continue
-        for build in builders:
-            resolved.append(
-                [build(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
-            )
-    if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in resolved):
-        outputs: list[Any] = [
-            None if i < len(result_metas) and result_metas[i] is None else Replicate()
-            for i in range(n_outputs)
-        ]
-        resolved.insert(0, outputs + [Replicate()] * n_inputs)
-    return resolved, n_outputs
-
-
 def planner_expansion(
     op_schema: OpSchema, mesh: DeviceMesh, metas: object, info: Any
 ) -> OpStrategy:
     """The op's single-dim rule expanded by a planner over the query's candidates.
 
-    Only what the rule itself says is used: none of what the rule's registration
-    adds (its full-mesh filter, in-place or uneven-sharding handling), which a
-    planner calling the utility does not read.
+    The rules as ``contract_sweep.author_rules`` resolves them: none of what the
+    rule's registration adds (its full-mesh filter, in-place or uneven-sharding
+    handling), which a planner calling the utility does not read.
     """
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+    from torch.testing._internal.distributed._tensor.contract_sweep import author_rules
 
-    n_inputs = len(op_schema.args_strategy) + len(op_schema.kwargs_strategy)
-    rules, n_outputs = planner_rules(op_schema, n_inputs, metas, info)
+    rules, n_outputs = author_rules(op_schema, info, _returned(metas))
     return expand_to_full_mesh_op_strategy(
-        mesh, op_schema, rules, input_index=n_outputs, output_tensor_meta=cast(Any, metas)
+        mesh, op_schema, cast(Any, rules), input_index=n_outputs, output_tensor_meta=cast(Any, metas)
     )
 
 
@@ -209,7 +129,7 @@ def why_not_valid(
 
     ``None`` if the registration allows it. What is read: an in-place op's
     ``self`` (and so its result) must keep a placement it has (in-place from the
-    schema, see :func:`writes_first_argument`), whether the rule shards dims of
+    schema, as the built torch's planner path reads it), whether the rule shards dims of
     unbacked size, and the rule's full-mesh filter.
     """
     from torch.distributed.tensor._ops.utils import is_tensor_shardable
@@ -236,17 +156,6 @@ def why_not_valid(
         if not flt(mesh, op_schema, inputs, spec.output_specs):
             return f"rejected by the rule's full-mesh filter {getattr(flt, '__name__', flt)}"
     return None
-
-
-def writes_first_argument(op: OpOverload) -> bool:
-    """Whether ``op`` is in-place: its schema writes its first argument.
-
-    Not the name: ``__xor__`` and ``__lshift__`` end in ``_`` and write nothing,
-    the ``_out`` variants of those write ``out``, ``prims.copy_to`` writes ``a``.
-    """
-    arguments = op._schema.arguments
-    alias_info = arguments[0].alias_info if arguments else None
-    return alias_info is not None and alias_info.is_write
 
 
 _FOREACH_PREFIXES = ("aten::_foreach_", "aten::_amp_foreach_", "aten::_fused_")
@@ -304,8 +213,10 @@ def _gaps(
             continue
         seen.add(key)
         reason = why_not_valid(schema, mesh, spec, info, inplace)
-        verdict = MISSING if reason is None else NOT_VALID + reason
-        result.gaps.append(Gap(where + describe(key), verdict))
+        if reason is None:
+            result.missing.append(where + describe(key))
+        else:
+            result.invalid.append(NOT_VALID + reason)
 
 
 def compare(op_schema: OpSchema, mesh: DeviceMesh | None = None) -> Comparison:
@@ -317,6 +228,7 @@ def compare(op_schema: OpSchema, mesh: DeviceMesh | None = None) -> Comparison:
     op without a single-dim rule.
     """
     from torch.distributed.tensor._op_schema import TupleStrategy
+    from torch.distributed.tensor._ops.single_dim_strategy import _writes_first_argument
     from torch.distributed.tensor._ops.strategy_contract import (
         element_output_metas,
         infer_output_metas,
@@ -328,7 +240,7 @@ def compare(op_schema: OpSchema, mesh: DeviceMesh | None = None) -> Comparison:
         raise ValueError(f"{op} has no single-dim rule to expand")
     if mesh is None:
         mesh = op_schema.get_mesh_from_args(validate=False)
-    inplace = writes_first_argument(op)
+    inplace = _writes_first_argument(op)
     metas = infer_output_metas(op_schema)
     answer = _propagator().get_op_strategy(op_schema)
     result = Comparison(str(op), 0, 0)
@@ -365,11 +277,10 @@ class Summary:
         self.schemas += 1
         self.missing[c.op] += len(c.missing)
         self.invalid[c.op] += len(c.invalid)
-        for g in c.invalid:
-            self.reasons[g.verdict] += 1
+        self.reasons.update(c.invalid)
         if c.missing and len(self.examples.setdefault(c.op, [])) < 3:
             self.examples[c.op].append(
-                f"{where}: DTensor {c.dtensor}, planner {c.planner}; missing e.g. {c.missing[0].strategy}"
+                f"{where}: DTensor {c.dtensor}, planner {c.planner}; missing e.g. {c.missing[0]}"
             )
 
     def as_dict(self) -> dict[str, Any]:
@@ -448,50 +359,19 @@ def compare_calls(
     return summary
 
 
-def partial_candidates(limit: int, kinds: Sequence[str] = ("sum", "avg", "max", "min")) -> Callable[..., Any]:
-    """Planner candidates that also carry every ``Partial`` kind of ``kinds``.
-
-    A planner's candidates are what producers hand out, and their results are
-    partial in every kind a rule names (``sum`` from a contraction, ``max`` from
-    ``amax`` and so on); a rule's ``Partial`` pass-throughs only show with such
-    candidates. Per mesh dim: ``Replicate()``, ``Shard(d)`` for each tensor dim
-    at least as long as the mesh dim, and for floating and complex dtypes
-    ``Partial(k)`` for each kind; tuples with fewer non-``Replicate`` mesh dims
-    first, the first ``limit`` of them.
-    """
-    import itertools
-
-    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
-
-    def candidates(mesh: DeviceMesh, meta: Any) -> list[tuple[Any, ...]]:
-        options = []
-        for mesh_dim in range(mesh.ndim):
-            opts: list[Any] = [Replicate()]
-            opts += [Shard(d) for d, n in enumerate(meta.shape) if n >= mesh.size(mesh_dim)]
-            if meta.dtype.is_floating_point or meta.dtype.is_complex:
-                opts += [Partial(k) for k in kinds]
-            options.append(opts)
-        combos = sorted(
-            itertools.product(*(range(len(o)) for o in options)),
-            key=lambda c: (sum(i != 0 for i in c), c),
-        )
-        return [tuple(options[d][i] for d, i in enumerate(c)) for c in combos[:limit]]
-
-    return candidates
-
-
 CANDIDATE_CHOICES = ("audit", "few", "replicated", "partials")
 
 
 def candidate_func(name: str, limit: int) -> Callable[..., Any]:
-    """The candidate function a candidate mode names.
+    """The ``contract_sweep`` candidate function a candidate mode names.
 
-    ``audit``: the audit's planner candidates (``contract_sweep.first_candidates``);
-    ``few``: four per input (``contract_sweep.capped_candidates``), so that many
-    strategies place an input as none of its candidates does;
-    ``replicated``: one all-``Replicate`` candidate per input, a planner asking
-    what an op can do from where its inputs are; ``partials``: candidates that
-    also carry every ``Partial`` kind (:func:`partial_candidates`).
+    ``audit``: the audit's planner candidates (``first_candidates``); ``few``:
+    four per input (``capped_candidates``), so that many strategies place an
+    input as none of its candidates does; ``replicated``: one all-``Replicate``
+    candidate, a planner asking what an op can do from where its inputs are;
+    ``partials``: the audit's candidates with every ``Partial`` kind, as
+    producers hand them out (a contraction's ``sum``, ``amax``'s ``max``), so
+    that a rule's ``Partial`` pass-throughs show.
     """
     from torch.testing._internal.distributed._tensor import contract_sweep
 
@@ -502,7 +382,7 @@ def candidate_func(name: str, limit: int) -> Callable[..., Any]:
     if name == "replicated":
         return contract_sweep.replicated_candidate
     if name == "partials":
-        return partial_candidates(limit)
+        return contract_sweep.first_candidates(limit, ("sum", "avg", "max", "min"))
     raise ValueError(f"candidate mode must be one of {CANDIDATE_CHOICES}, got {name!r}")
 
 
@@ -524,84 +404,3 @@ def audit(
         mode: compare_calls(calls, meshes, candidate_func(mode, max_candidates)).as_dict()
         for mode in modes
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    import fnmatch
-    import json
-    import math
-
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--ops", default=None, help="comma-separated aten op names, globs allowed (default: all)")
-    ap.add_argument("--meshes", default="4,2x2", help="comma-separated mesh shapes")
-    ap.add_argument("--dtypes", default="float32,bfloat16,int64,bool,complex64")
-    ap.add_argument("--max-samples", type=int, default=3, help="samples per OpInfo and dtype")
-    ap.add_argument("--max-calls-per-op", type=int, default=4)
-    ap.add_argument("--max-candidates", type=int, default=16, help="planner candidates per input")
-    ap.add_argument(
-        "--candidates", default="audit,few,replicated",
-        help=f"comma-separated candidate modes among {', '.join(CANDIDATE_CHOICES)} (see candidate_func)",
-    )
-    ap.add_argument("--json", default=None, help="write the whole result here")
-    args = ap.parse_args(argv)
-    modes = [m for m in args.candidates.split(",") if m]
-    unknown = [m for m in modes if m not in CANDIDATE_CHOICES]
-    if unknown:
-        raise SystemExit(f"unknown candidate modes {unknown}; the modes are {', '.join(CANDIDATE_CHOICES)}")
-    warnings.filterwarnings("ignore")
-
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.testing._internal.distributed._tensor import contract_sweep
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    torch.set_num_threads(1)
-    # Borrowed calls the op does not take are skipped; fake tensors log each refusal.
-    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
-    if not dist.is_initialized():
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-    patterns = [p.strip() for p in (args.ops or "").split(",") if p.strip()]
-
-    def wanted(op: Any) -> bool:
-        name = str(op).removeprefix("aten.")
-        return not patterns or any(
-            fnmatch.fnmatch(name, p) or fnmatch.fnmatch(name.split(".")[0], p) for p in patterns
-        )
-
-    recorder = contract_sweep.CallRecorder(64, keep=wanted)
-    contract_sweep.capture_calls(
-        contract_sweep.opinfo_db(),
-        dtypes=(),
-        extra_dtypes=[getattr(torch, d) for d in args.dtypes.split(",")],
-        samples=args.max_samples,
-        foreach_tensors=8,
-        recorder=recorder,
-    )
-    calls = contract_sweep.select_calls(recorder, args.max_calls_per_op)
-    meshes = []
-    for name in args.meshes.split(","):
-        shape = [int(x) for x in name.split("x")]
-        meshes.append((name, DeviceMesh("cpu", torch.arange(math.prod(shape)).reshape(shape))))
-    result = audit(calls, meshes, args.max_candidates, modes)
-    for mode, doc in result.items():
-        print(
-            f"[full-space] {mode}: {doc['ops_compared']} ops, {doc['schemas_compared']} schemas; "
-            f"missing {doc['missing']} ({len(doc['ops_missing'])} ops); "
-            f"not valid {sum(doc['invalid_with_reason'].values())}; errors {len(doc['errors'])}"
-        )
-        for reason, n in sorted(doc["invalid_with_reason"].items()):
-            print(f"    {n:7d}  {reason}")
-        for op, examples in sorted(doc["examples"].items()):
-            print(f"    missing  {examples[0][:300]}")
-        for op, error in sorted(doc["errors"].items()):
-            print(f"    error    {error}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, sort_keys=True)
-    dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,7 @@ collectives DTensor issues run on real data. Inputs are distributed by one fixed
 Per OpInfo (name + variant) the JSON holds the outcome (``same``, ``wrong``,
 ``raised``, ``skipped``; the worst sample decides), the message of the sample that
 decided it, every sample's details and the wall time of the DTensor runs. A run that
-exceeds ``--op-timeout`` is interrupted (SIGALRM) and recorded as raised ``Timeout``
+exceeds ``--op-timeout`` is interrupted (wall-clock timer) and recorded as raised ``Timeout``
 with the frame it was in, so a hang never blocks the sweep.
 """
 
@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import os
-import signal
 import sys
-import threading
 import time
 import warnings
 from collections import Counter
@@ -36,7 +33,7 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from tools._modules import write_json_atomically
-from tools.audit.worker import all_opinfos, load_validation, opinfo_label
+from tools.audit.worker import load_validation, opinfo_label
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -77,56 +74,35 @@ def _first_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------------------
 
 
-class Timeout(BaseException):
-    """A DTensor run used up its op's ``--op-timeout``.
-
-    A BaseException so that DTensor's own ``except Exception`` fallbacks cannot swallow
-    it and carry on with the hang; the alarm also re-fires every 5 s until the run is
-    out of the op, in case something catches it anyway.
-    """
-
-    where: str = ""
-
-
 class Deadline:
-    """Wall-clock budget of one op's DTensor runs, enforced with SIGALRM (main thread)."""
+    """Wall-clock budget of one op's DTensor runs (``--op-timeout``).
+
+    Each run gets what is left, under the contract mode's ``time_limit``; its
+    ``QueryTimeout`` is recorded as raised ``Timeout``.
+    """
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.spent = 0.0
         self.expired = False
 
-    @property
-    def remaining(self) -> float:
-        return self.seconds - self.spent
-
     def run(self, fn: Callable[[], Any]) -> Any:
         """Call ``fn`` with the remaining budget armed; the time it took counts against it."""
-        armed = self.seconds > 0 and threading.current_thread() is threading.main_thread()
-        if armed and self.remaining <= 0:
+        cv = load_validation()
+        remaining = self.seconds - self.spent
+        if self.seconds > 0 and remaining <= 0:
             self.expired = True
-            raise Timeout(f"no time left of {self.seconds:g}s (--op-timeout)")
-
-        def expire(signum: int, frame: Any) -> None:
-            self.expired = True
-            exc = Timeout(f"exceeded {self.seconds:g}s (--op-timeout)")
-            if frame is not None:
-                exc.where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
-            raise exc
-
-        previous = None
-        if armed:
-            previous = signal.signal(signal.SIGALRM, expire)
-            # re-fires every 5 s in case something swallows the first Timeout
-            signal.setitimer(signal.ITIMER_REAL, max(self.remaining, 1e-3), 5.0)
+            raise cv.QueryTimeout(f"no time left of {self.seconds:g}s (--op-timeout)")
         t0 = time.perf_counter()
         try:
-            return fn()
+            with cv.time_limit(max(remaining, 1e-3) if self.seconds > 0 else 0, wall=True,
+                               message=f"exceeded {self.seconds:g}s (--op-timeout)"):
+                return fn()
+        except cv.QueryTimeout:
+            self.expired = True
+            raise
         finally:
             self.spent += time.perf_counter() - t0
-            if armed:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
 
 
 # --------------------------------------------------------------------------------------
@@ -293,21 +269,9 @@ def compare(expected: Any, got: list[list[Any]], rtol: float, atol: float, value
 
 def _same(a: Any, b: Any) -> bool:
     """Whether two plain-torch results are identical, nan == nan: detects random ops."""
-    import torch
     from torch.utils import _pytree as pytree
 
-    la, lb = pytree.tree_leaves(a), pytree.tree_leaves(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb):
-        try:
-            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True, check_stride=False)
-        except AssertionError:
-            return False
-        except Exception:
-            if x != y and not (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)):
-                return False
-    return True
+    return compare(a, [[x] for x in pytree.tree_leaves(b)], 0.0, 0.0) is None
 
 
 def _call_plain_filled(info: Any, parts: tuple[Any, tuple, dict]) -> Any:
@@ -347,7 +311,7 @@ def run_sample(info: Any, label: str, index: int, sample: Any, mesh_name: str, m
     t0 = time.perf_counter()
     try:
         got, inputs = deadline.run(lambda: run_dtensor(info, _clone(parts), mesh, mesh_shape))
-    except Timeout as e:
+    except load_validation().QueryTimeout as e:
         rec.update(outcome="raised", type="Timeout", where=e.where, dtensor_s=round(time.perf_counter() - t0, 4),
                    message=f"{label} sample {index} mesh {mesh_name}: Timeout: {e} in {e.where}")
         return rec
@@ -433,20 +397,6 @@ def run_op(info: Any, meshes: list[tuple[str, Any, tuple[int, ...]]], args: argp
     return rec
 
 
-def make_meshes(spec: str) -> list[tuple[str, Any, tuple[int, ...]]]:
-    import torch
-    from torch.distributed.device_mesh import DeviceMesh
-
-    meshes = []
-    for name in [s.strip() for s in spec.split(",") if s.strip()]:
-        shape = tuple(int(x) for x in name.split("x"))
-        n = math.prod(shape)
-        if n > 8:
-            raise SystemExit(f"mesh {name} needs {n} ranks; the fake process group has 8")
-        meshes.append((name, DeviceMesh("cpu", torch.arange(n).reshape(shape)), shape))
-    return meshes
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--role", default="torch", help="label used in progress lines and the JSON (stock/built)")
@@ -469,9 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-    meshes = make_meshes(args.meshes)
-    all_opinfos()
     cv = load_validation()
+    meshes = [(name, mesh, tuple(mesh.shape)) for name, mesh in cv.make_meshes(args.meshes).items()]
     # the contract mode's choice of OpInfos (aten op names choose none here)
     picked, _ = cv.select_opinfos([p.strip() for p in (args.ops or "").split(",") if p.strip()])
     chosen = [info for info, named in picked if named]

@@ -65,22 +65,6 @@ def load_checker(path: Path) -> Any:
     return load_by_path(f"_audit_{path.stem}", path)
 
 
-def _no_test_fn() -> None:
-    return None
-
-
-def all_opinfos() -> list[Any]:
-    """The OpInfo db the contract mode samples (the parity sweep samples it too)."""
-    import torch.testing._internal.common_utils as common_utils
-    import torch.testing._internal.opinfo.core as opinfo_core
-
-    # OpInfo.sample_inputs (which the parity sweep calls) looks for the running
-    # unittest by walking the stack, ~0.4 s per call once torch.distributed is imported.
-    common_utils.extract_test_fn = _no_test_fn
-    opinfo_core.extract_test_fn = _no_test_fn
-    return load_contract_sweep().opinfo_db()
-
-
 def opinfo_label(info: Any) -> str:
     variant = getattr(info, "variant_test_name", "") or ""
     return f"{info.name}.{variant}" if variant else info.name
@@ -147,11 +131,11 @@ def cache_sizes(propagator: Any) -> dict[str, dict[str, int | None]]:
     return sizes
 
 
-def coverage(sweep: Any, propagator: Any, captured: set[Any], queried: dict[str, set[str]]) -> dict:
+def coverage(sweep: Any, propagator: Any, captured: set[Any]) -> dict:
     """Registered ops the samples reached, per registry, and the captured ops DTensor does not know.
 
     ``captured`` holds every aten op a sample called (those called only without
-    tensors, never queried, included); ``queried`` the ops queried, per registry.
+    tensors, never queried, included).
     """
     from torch._decomp import decomposition_table
 
@@ -177,13 +161,11 @@ def coverage(sweep: Any, propagator: Any, captured: set[Any], queried: dict[str,
         known = registered[reg]
         cov[reg] = {"registered": None if reg == "decomposition" else len(known),
                     "reached": len(got) if reg == "decomposition" else len(got & known),
-                    "reached_ops": sorted(got), "not_reached": sorted(known - got),
-                    "queried": len(queried.get(reg, ()))}
+                    "not_reached": sorted(known - got)}
     cov["decomposition"]["decomposition_table_entries"] = len(registered["decomposition"])
     # op_to_rules entries also registered as strategies never reach their rule at runtime
     cov["rules"]["shadowed_by_strategies"] = sorted({str(o) for o in propagator.op_to_rules} - rules)
     cov["unregistered_captured"] = sorted(unregistered)
-    cov["single_dim_and_op_strategy_overlap"] = sorted(single & {str(o) for o in propagator.op_strategy_funcs})
     return cov
 
 
@@ -216,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--role", default="torch", help="label used in progress lines and the JSON (stock/built)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--checker", default=str(DEFAULT_CHECKER), help="path of strategy_contract.py")
-    ap.add_argument("--tracebacks", action="store_true", help="keep short tracebacks in error details")
     ap.add_argument("--preload", default=None, help="python file to run after setup, before querying")
     ap.add_argument("--full-space", default="", help="full_space candidate modes to compare planner answers in "
                     "(comma-separated; empty: none)")
@@ -236,7 +217,6 @@ def main(argv: list[str] | None = None) -> int:
         import runpy
 
         runpy.run_path(args.preload, run_name="__audit_preload__")
-    all_opinfos()
     selections: dict[str, dict] = {}
     after_runtime = selection_recorder(cv, selections, args.query_timeout)
     last = [0.0]
@@ -253,29 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     t_query = time.monotonic()
 
     captured = set(recorder.calls) | set(recorder.tensorless)
-    queried: dict[str, set[str]] = defaultdict(set)
-    for op in validation.calls:
-        queried[cv.sweep.strategy_registry(op)].add(str(op))
     stats = {
         "opinfos": counts.get("opinfos", 0), "samples": counts.get("samples", 0),
         "sample_failures": counts.get("samples failed", 0) + counts.get("in-place samples failed", 0),
-        "sample_generation_failures": counts.get("sample_inputs failed", 0),
-        "backward_runs": counts.get("backward runs", 0), "inplace_runs": counts.get("in-place runs", 0),
-        "calls_seen": recorder.seen, "calls_non_dense": recorder.not_dense,
-        # aten calls without a tensor argument (factories): DTensor never sees them
-        "calls_without_tensors": sum(recorder.tensorless.values()),
         "aten_ops_captured": len(captured),
+        # ops called only without a tensor argument (factories): DTensor never sees those calls
         "aten_ops_without_tensor_calls": sum(1 for op in captured if op not in recorder.calls),
-        "calls_distinct": sum(len(v) for v in recorder.calls.values()),
         "calls_queried": sum(len(v) for v in validation.calls.values()),
     }
     first: dict[str, Any] = next(iter(validation.results.values()), {})
     infer_failed = [{"op": c.op, "type": e["type"], "message": e["message"], "calls": e["calls"]}
                     for c in first.values() for e in c.uninferable.values()]
-    op_seconds: dict[str, float] = defaultdict(float)
-    for per_op in validation.results.values():
-        for op, c in per_op.items():
-            op_seconds[op] += c.seconds
     doc = {
         "torch": args.role, "torch_version": torch.__version__, "torch_file": torch.__file__,
         "python": sys.executable, "checker": str(Path(args.checker).resolve()),
@@ -292,10 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         "infer_failed": sorted(infer_failed, key=lambda d: d["op"]),
         "refusal_reasons": {**cv.sweep.RUNTIME_REFUSALS,
                             **{t.__name__: r for t, r in cv.sweep.RUNTIME_REFUSAL_TYPES.items()}},
-        "coverage": coverage(cv.sweep, DTensor._op_dispatcher.sharding_propagator, captured, queried),
+        "coverage": coverage(cv.sweep, DTensor._op_dispatcher.sharding_propagator, captured),
         "selections": selections,
-        "slowest_ops": [{"seconds": round(s, 2), "op": o}
-                        for o, s in sorted(op_seconds.items(), key=lambda kv: -kv[1])[:15]],
         "timing": {"startup_s": round(t_setup - t_start, 1), "query_s": round(t_query - t_setup, 1),
                    "total_s": round(time.monotonic() - t_start, 1), "cpu_s": round(time.process_time(), 1)},
     }

@@ -44,6 +44,7 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
+    registry_coverage,
     StrategyContractTestBase,
 )
 from torch.testing._internal.distributed._tensor.contract_sweep import (
@@ -53,7 +54,6 @@ from torch.testing._internal.distributed._tensor.contract_sweep import (
     CONTRACT_SKIPS,
     MODES,
     opinfo_db,
-    registry_coverage,
     RUNTIME_REFUSALS,
     select_calls,
     strategy_registry,

@@ -40,7 +40,6 @@ import math
 import signal
 import threading
 import time
-import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -227,7 +226,7 @@ def capture(
 
 
 class QueryTimeout(BaseException):
-    """A query used more CPU time than ``--query-timeout``.
+    """A query used more CPU time than ``--query-timeout`` (or a block its wall time).
 
     A ``BaseException``, so that DTensor's own ``except Exception`` (decomposition
     fallbacks) cannot swallow it.
@@ -236,31 +235,44 @@ class QueryTimeout(BaseException):
     where: str = ""
 
 
+def _where(code: Any, line: int) -> str:
+    return f"{Path(code.co_filename).name}:{line} in {code.co_name}"
+
+
 @contextlib.contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise :class:`QueryTimeout` once the block used ``seconds`` of CPU (main thread)."""
+def time_limit(
+    seconds: float | None, wall: bool = False, message: str = ""
+) -> Iterator[None]:
+    """Raise :class:`QueryTimeout` once the block used ``seconds`` (main thread only).
+
+    CPU time by default, so that a loaded machine does not fail a query; with
+    ``wall``, wall time, re-raised every 5 s in case something catches the first
+    (the audit's parity sweep bounds eager runs, which may block).
+    """
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
+    clock = "wall time" if wall else "CPU"
+    text = message or f"query used more than {seconds:g}s of {clock} (--query-timeout)"
 
     def expire(signum: int, frame: Any) -> None:
-        exc = QueryTimeout(
-            f"query used more than {seconds:g}s of CPU (--query-timeout)"
-        )
+        exc = QueryTimeout(text)
         if frame is not None:
-            code = frame.f_code
-            exc.where = (
-                f"{Path(code.co_filename).name}:{frame.f_lineno} in {code.co_name}"
-            )
+            exc.where = _where(frame.f_code, frame.f_lineno)
         raise exc
 
-    previous = signal.signal(signal.SIGPROF, expire)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    sig, timer = (
+        (signal.SIGALRM, signal.ITIMER_REAL)
+        if wall
+        else (signal.SIGPROF, signal.ITIMER_PROF)
+    )
+    previous = signal.signal(sig, expire)
+    signal.setitimer(timer, seconds, 5.0 if wall else 0.0)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
+        signal.setitimer(timer, 0)
+        signal.signal(sig, previous)
 
 
 @dataclass
@@ -308,8 +320,7 @@ def _raised_at(exc: BaseException) -> str:
         tb = tb.tb_next
     if where or tb is None:
         return where
-    code = tb.tb_frame.f_code
-    return f"{Path(code.co_filename).name}:{tb.tb_lineno} in {code.co_name}"
+    return _where(tb.tb_frame.f_code, tb.tb_lineno)
 
 
 def _spec_ids(violations: Sequence[Any]) -> dict[str, set[tuple[int, int]]]:
@@ -378,7 +389,6 @@ class ContractValidation:
         candidates: sweep.CandidateFunc | None = None,
         query_timeout: float | None = None,
         after_runtime: Callable[[Query, Answer], None] | None = None,
-        tracebacks: bool = False,
         metas: dict[str, tuple[bool, Any]] | None = None,
     ) -> None:
         for mode in modes:
@@ -391,7 +401,6 @@ class ContractValidation:
         self.candidates = candidates or sweep.capped_candidates(6)
         self.query_timeout = query_timeout
         self.after_runtime = after_runtime
-        self.tracebacks = tracebacks
         self.results: dict[tuple[str, str], dict[str, OpCounts]] = {
             (m, name): {} for m in self.modes for name in self.meshes
         }
@@ -545,10 +554,6 @@ class ContractValidation:
             )
             if key:
                 entry.update(refusal=key, reason=answer.refusal)
-            if self.tracebacks and "traceback" not in entry:
-                entry["traceback"] = "".join(
-                    traceback.format_exception(answer.error, limit=-6)
-                )
             entry["count"] += 1
             return
         if answer.strategy is None:
@@ -585,39 +590,32 @@ class ContractValidation:
             specs = sum(c.specs for _, c in per)
             lines.append(
                 f"\n[{i}/{len(names)}] {op} ({per[0][1].registry})"
-                f" — Queries: {queries}, OpSpecs: {specs}"
+                f" — Queries: {queries}, OpSpecs: {specs}\n" + "-" * 70
             )
-            lines.append("-" * 70)
             for where, c in per:
+                t = totals([c])
                 broke = [f"{k} {n}" for k, n in sorted(c.clauses.items())]
-                broke += (
-                    [f"{sum(e['count'] for e in c.errors.values())} errors"]
-                    if c.errors
-                    else []
-                )
-                broke += (
-                    [f"{sum(e['count'] for e in c.refusals.values())} refused"]
-                    if c.refusals
-                    else []
-                )
+                broke += [f"{t['errors']} errors"] if c.errors else []
+                broke += [f"{t['refused']} refused"] if c.refusals else []
                 if broke:
                     lines.append(f"  {where}: " + ", ".join(broke))
-                lines += [
-                    f"    {e['violation']}\n      in {e['query']}: {e['call']}"
-                    for e in c.examples.values()
-                ]
-                lines += [
-                    f"    raised {e['type']}: {e['message']}\n      in {e['query']}: {e['call']}"
-                    for e in c.errors.values()
-                ]
-                lines += [
-                    f"    shape inference raised {e['type']}: {e['message']}\n      in {e['call']}"
-                    for e in c.uninferable.values()
-                ]
+                for e in c.examples.values():
+                    lines.append(
+                        f"    {e['violation']}\n      in {e['query']}: {e['call']}"
+                    )
+                for e in c.errors.values():
+                    lines.append(
+                        f"    raised {e['type']}: {e['message']}\n"
+                        f"      in {e['query']}: {e['call']}"
+                    )
+                for e in c.uninferable.values():
+                    lines.append(
+                        f"    shape inference raised {e['type']}: {e['message']}\n"
+                        f"      in {e['call']}"
+                    )
         if limit is not None and len(names) > limit:
-            lines.append(
-                f"... and {len(names) - limit} more ops: {', '.join(names[limit:])}"
-            )
+            more = names[limit:]
+            lines.append(f"... and {len(more)} more ops: {', '.join(more)}")
         return "\n".join(lines)
 
     def format_summary(self, per_op_table: bool = True) -> str:
@@ -626,49 +624,22 @@ class ContractValidation:
         for counts in self.results.values():
             for op, c in counts.items():
                 per_op[op].append(c)
-        rows = [
-            [op, *_row(cs), f"{sum(c.seconds for c in cs):.1f}s"]
-            for op, cs in sorted(per_op.items())
-        ]
-        rows.append(
-            [
-                "Total",
-                *_row([c for cs in per_op.values() for c in cs]),
-                f"{sum(c.seconds for cs in per_op.values() for c in cs):.1f}s",
-            ]
-        )
-        headers = ["Op", *CLAUSES, "Errors", "Refused", "No strategy", "Time"]
+        rows = [[op, *_cells(cs), _seconds(cs)] for op, cs in sorted(per_op.items())]
+        every = [c for cs in per_op.values() for c in cs]
+        rows.append(["Total", *_cells(every), _seconds(every)])
         by_mesh = [
-            [
-                mode,
-                mesh,
-                len(cs),
-                sum(1 for c in cs.values() if c.clauses),
-                *_row(cs.values(), True),
-            ]
+            [mode, mesh, len(cs), sum(1 for c in cs.values() if c.clauses)]
+            + _cells(cs.values(), True)
             for (mode, mesh), cs in self.results.items()
         ]
-        return "\n".join(
-            [
-                "\n" + "=" * 70,
-                "Summary (OpSpecs breaking each clause)",
-                "=" * 70,
-                *([_table(headers, rows), ""] if per_op_table else []),
-                _table(
-                    [
-                        "mode",
-                        "mesh",
-                        "ops",
-                        "ops w/ viol",
-                        *CLAUSES,
-                        "errors",
-                        "refused",
-                        "no strategy",
-                    ],
-                    by_mesh,
-                ),
-            ]
-        )
+        counted = ["errors", "refused", "no strategy"]
+        lines = ["\n" + "=" * 70, "Summary (OpSpecs breaking each clause)", "=" * 70]
+        if per_op_table:
+            headers = ["Op", *CLAUSES, *(h.capitalize() for h in counted), "Time"]
+            lines += [_table(headers, rows), ""]
+        headers = ["mode", "mesh", "ops", "ops w/ viol", *CLAUSES, *counted]
+        lines.append(_table(headers, by_mesh))
+        return "\n".join(lines)
 
 
 def totals(ops: Any) -> dict[str, Any]:
@@ -693,18 +664,23 @@ def totals(ops: Any) -> dict[str, Any]:
     }
 
 
-def _row(ops: Any, with_ops: bool = False) -> list[str]:
+def _cells(ops: Any, with_ops: bool = False) -> list[str]:
+    """Table cells of ``ops``' totals: OpSpecs per clause (with ``with_ops``
+    followed by the ops breaking it), errors, refused and no-strategy answers."""
     t = totals(ops)
     cells = [
-        f"{t['violations'][k]} ({t['ops_by_clause'][k]})"
-        if with_ops and t["violations"][k]
-        else str(t["violations"][k])
-        for k in CLAUSES
+        f"{n} ({t['ops_by_clause'][k]})" if with_ops and n else str(n)
+        for k, n in t["violations"].items()
     ]
     return cells + [str(t["errors"]), str(t["refused"]), str(t["no_strategy"])]
 
 
+def _seconds(ops: Sequence[OpCounts]) -> str:
+    return f"{sum(c.seconds for c in ops):.1f}s"
+
+
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain-text table, the first column left-aligned, the others right."""
     cells = [[str(c) for c in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
 
@@ -758,7 +734,6 @@ def validate(
         sweep.first_candidates(args.candidates),
         args.query_timeout,
         after_runtime,
-        getattr(args, "tracebacks", False),
     )
     cv.run(phase("query ops"))
     return cv, recorder, counts

@@ -11,6 +11,7 @@ DTensor's registries lives in ``contract_sweep`` (which must not depend on the
 contract checker) and is re-exported here.
 """
 
+import itertools
 import math
 import os
 import random
@@ -36,13 +37,17 @@ from torch.distributed.tensor._ops.strategy_contract import (
     infer_output_metas,
     OutputMetas,
 )
-from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+)
 from torch.testing._internal.common_utils import TestCase
 from torch.testing._internal.distributed._tensor.contract_sweep import (
     REGISTRIES,
     meta_of,
     op_strategy,
-    planner_candidates,
     query_strategy,
     replicated_candidate,
     strategy_registry,
@@ -70,10 +75,12 @@ __all__ = [
     "op_strategy",
     "planner_candidates",
     "query_strategy",
+    "registry_coverage",
     "replicated_candidate",
     "strategy_registry",
     "strategy_schema",
 ]
+
 
 # The fake world: large enough for the biggest mesh below.
 WORLD_SIZE = 8
@@ -94,6 +101,58 @@ def ops_by_registry(ops: Iterable[torch._ops.OpOverload]) -> dict[str | None, li
     for op in ops:
         grouped.setdefault(strategy_registry(op), []).append(str(op))
     return grouped
+
+
+def planner_candidates(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """Every placement tuple a planner would consider for a tensor with ``meta``.
+
+    Per mesh dim: ``Replicate()``, ``Shard(d)`` for each tensor dim, and
+    ``Partial()`` for floating dtypes; tuples are taken in ``itertools.product``
+    order. A tuple is dropped when a tensor dim is split into more pieces than it
+    has elements, so that every rank holds a non-empty shard. The order is fixed,
+    which keeps strategy indices in failure messages stable.
+    """
+    per_dim: list[Placement] = [Replicate()]
+    per_dim += [Shard(d) for d in range(len(meta.shape))]
+    if meta.dtype.is_floating_point:
+        per_dim.append(Partial())
+    candidates = []
+    for combo in itertools.product(per_dim, repeat=mesh.ndim):
+        pieces = [1] * len(meta.shape)
+        for mesh_dim, p in enumerate(combo):
+            if isinstance(p, Shard):
+                pieces[p.dim] *= mesh.size(mesh_dim)
+        if all(n <= size for n, size in zip(pieces, meta.shape)):
+            candidates.append(combo)
+    return candidates
+
+
+def registry_coverage(ops: Iterable[torch._ops.OpOverload]) -> dict[str, tuple[int, int]]:
+    """Per registry: how many of ``ops`` it answers for, and how many it holds.
+
+    The decomposition registry holds the ops with an explicit decomposition
+    that no other registry answers; ops with a CompositeImplicitAutograd kernel
+    reach it too, uncounted.
+    """
+    from torch._decomp import decomposition_table
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    single_dim = set(propagator.op_single_dim_strategy_funcs)
+    strategies = set(propagator.op_strategy_funcs) - single_dim
+    registered = {
+        "single_dim": len(single_dim),
+        "op_strategy": len(strategies),
+        "decomposition": len(set(decomposition_table) - single_dim - strategies),
+    }
+    reached = dict.fromkeys(REGISTRIES, 0)
+    for op in ops:
+        registry = strategy_registry(op)
+        if registry is not None:
+            reached[registry] += 1
+    return {r: (reached[r], registered[r]) for r in REGISTRIES}
 
 
 def _case_op(case: object) -> torch._ops.OpOverload:

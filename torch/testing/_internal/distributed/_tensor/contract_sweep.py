@@ -15,13 +15,16 @@ what it cannot do, each piece for a reason:
   in-place variant and the foreach OpInfo lists run too), and an in-place call
   must be asked with its inputs as they were before the call.
 * :func:`strategy_schema`, :func:`runtime_schema` and the candidate builders
-  (:func:`capped_candidates`, :func:`first_candidates`,
-  :func:`planner_candidates`): ``strategy_validation`` hands rules bare metas; a
-  contract query needs the schema DTensor builds, with one or several candidate
-  placements per input.
+  (:func:`capped_candidates`, :func:`first_candidates`): ``strategy_validation``
+  hands rules bare metas; a contract query needs the schema DTensor builds, with
+  one or several candidate placements per input.
 * :func:`query_strategy`, :func:`utility_strategy`, :func:`runtime_selection`:
   every registry asked the way dispatch, a planner and a rule author ask it,
   where ``strategy_validation`` expands single-dim rules only.
+* :func:`author_rules`: ``strategy_validation`` turns placeholders into
+  ``Shard`` for one mesh dim; a rule author or planner expanding a rule over a
+  mesh also needs ``_StridedShard`` per split factor and the all-``Replicate``
+  rule, ``None`` where the op returns ``None``.
 * :func:`runtime_refusal`: tells DTensor deliberately refusing a runtime input
   from a failure, per query; ``strategy_validation`` has no notion of refusals.
 
@@ -31,6 +34,7 @@ unpatched torch, so that stock and changed torch are swept the same way and
 judged by the same checker.
 """
 
+import functools
 import itertools
 import warnings
 from collections import defaultdict
@@ -74,15 +78,14 @@ __all__ = [
     "CallRecorder",
     "CandidateFunc",
     "CapturedCall",
+    "author_rules",
     "capped_candidates",
     "capture_calls",
     "first_candidates",
     "meta_of",
     "op_strategy",
     "opinfo_db",
-    "planner_candidates",
     "query_strategy",
-    "registry_coverage",
     "replicated_candidate",
     "runtime_refusal",
     "runtime_refusal_key",
@@ -143,36 +146,27 @@ RUNTIME_REFUSAL_TYPES: dict[type[BaseException], str] = {
 }
 
 
-def _exception_chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from (``raise ... from``).
-
-    Only explicit causes count: an unrelated error raised while another was
-    being handled is no refusal.
-    """
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not e for e in chain):
-        chain.append(current)
-        current = current.__cause__
-    return chain
-
-
 def runtime_refusal_key(exc: BaseException) -> str | None:
     """Which runtime refusal ``exc`` is, or ``None`` when it is none.
 
     The key is the :data:`RUNTIME_REFUSALS` message fragment ``exc`` carries,
-    or the name of the :data:`RUNTIME_REFUSAL_TYPES` type it is or wraps
-    (DTensor's dispatch re-raises strategy failures inside a ``RuntimeError``).
-    Reports group refusals by it.
+    or the name of the :data:`RUNTIME_REFUSAL_TYPES` type it is or was raised
+    from (DTensor's dispatch re-raises strategy failures inside a
+    ``RuntimeError``); only explicit causes count, not an error raised while
+    another was handled. Reports group refusals by it.
     """
     message = str(exc)
     for pattern in RUNTIME_REFUSALS:
         if pattern in message:
             return pattern
-    for e in _exception_chain(exc):
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not e for e in seen):
         for refused in RUNTIME_REFUSAL_TYPES:
-            if isinstance(e, refused):
+            if isinstance(current, refused):
                 return refused.__name__
+        seen.append(current)
+        current = current.__cause__
     return None
 
 
@@ -184,11 +178,8 @@ def runtime_refusal(exc: BaseException) -> str | None:
     exception from a planner query is an error.
     """
     key = runtime_refusal_key(exc)
-    if key is None:
-        return None
-    if key in RUNTIME_REFUSALS:
-        return RUNTIME_REFUSALS[key]
-    return next(r for t, r in RUNTIME_REFUSAL_TYPES.items() if t.__name__ == key)
+    reasons = {t.__name__: r for t, r in RUNTIME_REFUSAL_TYPES.items()}
+    return None if key is None else {**RUNTIME_REFUSALS, **reasons}[key]
 
 
 def _sharding_propagator() -> Any:
@@ -226,32 +217,6 @@ def op_strategy(
     return OpStrategy(specs)
 
 
-def planner_candidates(
-    mesh: DeviceMesh, meta: TensorMeta
-) -> list[tuple[Placement, ...]]:
-    """Every placement tuple a planner would consider for a tensor with ``meta``.
-
-    Per mesh dim: ``Replicate()``, ``Shard(d)`` for each tensor dim, and
-    ``Partial()`` for floating dtypes; tuples are taken in ``itertools.product``
-    order. A tuple is dropped when a tensor dim is split into more pieces than it
-    has elements, so that every rank holds a non-empty shard. The order is fixed,
-    which keeps strategy indices in failure messages stable.
-    """
-    per_dim: list[Placement] = [Replicate()]
-    per_dim += [Shard(d) for d in range(len(meta.shape))]
-    if meta.dtype.is_floating_point:
-        per_dim.append(Partial())
-    candidates = []
-    for combo in itertools.product(per_dim, repeat=mesh.ndim):
-        pieces = [1] * len(meta.shape)
-        for mesh_dim, p in enumerate(combo):
-            if isinstance(p, Shard):
-                pieces[p.dim] *= mesh.size(mesh_dim)
-        if all(n <= size for n, size in zip(pieces, meta.shape)):
-            candidates.append(combo)
-    return candidates
-
-
 def replicated_candidate(
     mesh: DeviceMesh, meta: TensorMeta
 ) -> list[tuple[Placement, ...]]:
@@ -285,16 +250,18 @@ def capped_candidates(limit: int) -> CandidateFunc:
     return candidates
 
 
-def _mesh_dim_options(mesh: DeviceMesh, meta: TensorMeta) -> list[list[Placement]]:
+def _mesh_dim_options(
+    mesh: DeviceMesh, meta: TensorMeta, partials: Sequence[str] = ("sum",)
+) -> list[list[Placement]]:
     """Per mesh dim, the placements a candidate may take there: ``Replicate()``,
     ``Shard(d)`` for each tensor dim at least as long as the mesh dim, and
-    ``Partial()`` for floating and complex dtypes."""
+    ``Partial(k)`` for each kind of ``partials`` for floating and complex dtypes."""
     options: list[list[Placement]] = []
     for mesh_dim in range(mesh.ndim):
         opts: list[Placement] = [Replicate()]
         opts += [Shard(d) for d, n in enumerate(meta.shape) if n >= mesh.size(mesh_dim)]
         if meta.dtype.is_floating_point or meta.dtype.is_complex:
-            opts.append(Partial())
+            opts += [Partial(k) for k in partials]
         options.append(opts)
     return options
 
@@ -349,23 +316,25 @@ def _capped_candidates(
     return [tuple(options[d][i] for d, i in enumerate(c)) for c in chosen]
 
 
-def first_candidates(limit: int) -> CandidateFunc:
+def first_candidates(limit: int, partials: Sequence[str] = ("sum",)) -> CandidateFunc:
     """Planner candidates in a fixed order, the first ``limit`` per tensor input.
 
     Per mesh dim the options are ``Replicate()``, ``Shard(d)`` for each tensor
-    dim at least as long as the mesh dim, and ``Partial()`` for floating and
-    complex dtypes. Tuples with fewer non-``Replicate`` mesh dims come first
-    (all-``Replicate``, then each single sharding, then combinations), ties in
-    option order. Unlike :func:`capped_candidates`, tuples that split a dim into
-    more pieces than it has elements stay in: a planner may offer them, and
-    strategies must answer for uneven and empty shards. Large limits reach
-    every single-dim placement, which is what a wide audit wants.
+    dim at least as long as the mesh dim, and ``Partial(k)`` per kind of
+    ``partials`` for floating and complex dtypes (a planner's inputs are partial
+    in every kind their producers' rules name). Tuples with fewer
+    non-``Replicate`` mesh dims come first (all-``Replicate``, then each single
+    sharding, then combinations), ties in option order. Unlike
+    :func:`capped_candidates`, tuples that split a dim into more pieces than it
+    has elements stay in: a planner may offer them, and strategies must answer
+    for uneven and empty shards. Large limits reach every single-dim placement,
+    which is what a wide audit wants.
     """
     if limit < 1:
         raise ValueError(f"first_candidates needs a limit of at least 1, got {limit}")
 
     def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
-        options = _mesh_dim_options(mesh, meta)
+        options = _mesh_dim_options(mesh, meta, partials)
         combos = sorted(
             itertools.product(*(range(len(o)) for o in options)),
             key=lambda c: (sum(i != 0 for i in c), c),
@@ -552,16 +521,70 @@ def runtime_selection(runtime: OpSchema) -> OutputSharding:
     return _sharding_propagator().propagate_op_sharding_non_cached(runtime)
 
 
+def author_rules(
+    op_schema: OpSchema, rule: Any, returned: Sequence[bool] | None = None
+) -> tuple[list[list[Placement | None]], int]:
+    """``op_schema``'s single-dim rules, resolved as a rule author or planner does.
+
+    ``rule`` is the op's ``op_single_dim_strategy_funcs`` entry. Each
+    ``_ShardingPlaceholder`` becomes ``Shard`` and, once per ``_StridedShard``
+    split factor the inputs' candidates carry, ``_StridedShard``; the
+    all-``Replicate`` rule is added unless present, with ``None`` where
+    ``returned`` (per result, whether the op returns a tensor there) says the op
+    returns ``None``. Returns the rules and the number of results they lead with.
+    Only what the rule says is used, none of what its registration adds.
+    """
+    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    op = op_schema.op
+    inputs = [*op_schema.args_strategy, *op_schema.kwargs_strategy]
+    rules = rule.func(op, op_schema.args_meta, op_schema.kwargs_meta)
+    if rules:
+        n_outputs = len(rules[0]) - len(inputs)
+    elif returned is not None:
+        n_outputs = len(returned)
+    else:
+        n_outputs = sum("Tensor" in str(r.type) for r in op._schema.returns)
+    factors = {
+        int(p.split_factor)
+        for strategy in inputs
+        for candidate in strategy.strategies
+        for p in candidate.output_spec.placements
+        if isinstance(p, _StridedShard)
+    }
+    builders: list[Callable[[int], Placement]] = [Shard]
+    builders += [
+        functools.partial(_StridedShard, split_factor=f) for f in sorted(factors)
+    ]
+    resolved: list[list[Placement | None]] = []
+    for r in rules:
+        if not any(isinstance(p, _ShardingPlaceholder) for p in r):
+            resolved.append(list(r))
+            continue
+        for build in builders:
+            resolved.append(
+                [build(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in r]
+            )
+    if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in resolved):
+        outputs: list[Placement | None] = [
+            None
+            if returned is not None and i < len(returned) and not returned[i]
+            else Replicate()
+            for i in range(n_outputs)
+        ]
+        resolved.insert(0, outputs + [Replicate()] * len(inputs))
+    return resolved, n_outputs
+
+
 def utility_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> OpStrategy | None:
     """``op``'s single-dim rules expanded the way a downstream rule author does.
 
     The rules DTensor registers for ``op`` (``None`` if it has none, or if the
-    schema holds tensor lists, which an author expands per element), with every
-    ``_ShardingPlaceholder`` resolved to ``Shard`` and the all-Replicate rule
-    added, handed to ``expand_to_full_mesh_op_strategy`` with no output metas:
-    whatever the result lacks, the utility left out.
+    schema holds tensor lists, which an author expands per element), resolved by
+    :func:`author_rules`, handed to ``expand_to_full_mesh_op_strategy`` with no
+    output metas: whatever the result lacks, the utility left out.
     """
-    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
     op = op_schema.op
@@ -569,21 +592,12 @@ def utility_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> OpStrategy | None
     args = (*op_schema.args_schema, *op_schema.kwargs_schema.values())
     if info is None or any(isinstance(x, (TupleStrategy, list, tuple)) for x in args):
         return None
-    n_inputs = sum(isinstance(x, OpStrategy) for x in args)
-    rules = [
-        [Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
-        for rule in info.func(op, op_schema.args_meta, op_schema.kwargs_meta)
-    ]
-    if any(isinstance(r.type, torch.ListType) for r in op._schema.returns):
-        # A Tensor[] result takes one placement per element: the rules say how many.
-        if not rules:
-            return None
-        n_outputs = len(rules[0]) - n_inputs
-    else:
-        n_outputs = sum("Tensor" in str(r.type) for r in op._schema.returns)
-    replicate: list[Placement | None] = [Replicate()] * (n_outputs + n_inputs)
-    if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in rules):
-        rules.append(replicate)
+    if any(isinstance(r.type, torch.ListType) for r in op._schema.returns) and not (
+        info.func(op, op_schema.args_meta, op_schema.kwargs_meta)
+    ):
+        # A Tensor[] result takes one placement per element: only rules say how many.
+        return None
+    rules, n_outputs = author_rules(op_schema, info)
     return expand_to_full_mesh_op_strategy(
         mesh,
         op_schema,
@@ -907,28 +921,3 @@ def select_calls(
             picked.append(best)
         selected[op] = picked
     return selected
-
-
-def registry_coverage(ops: Iterable[OpOverload]) -> dict[str, tuple[int, int]]:
-    """Per registry: how many of ``ops`` it answers for, and how many it holds.
-
-    The decomposition registry holds the ops with an explicit decomposition
-    that no other registry answers; ops with a CompositeImplicitAutograd kernel
-    reach it too, uncounted.
-    """
-    from torch._decomp import decomposition_table
-
-    propagator = _sharding_propagator()
-    single_dim = set(propagator.op_single_dim_strategy_funcs)
-    op_strategy = set(propagator.op_strategy_funcs) - single_dim
-    registered = {
-        "single_dim": len(single_dim),
-        "op_strategy": len(op_strategy),
-        "decomposition": len(set(decomposition_table) - single_dim - op_strategy),
-    }
-    reached = dict.fromkeys(REGISTRIES, 0)
-    for op in ops:
-        registry = strategy_registry(op)
-        if registry is not None:
-            reached[registry] += 1
-    return {r: (reached[r], registered[r]) for r in REGISTRIES}
