@@ -1,9 +1,9 @@
 # Copyright (c) Meta Platforms, Inc. and affiliates
 # Owner(s): ["oncall: distributed"]
 """
-Tests of the contract test harness (``contract_common``, ``contract_sweep``) and of the
-contract mode of ``strategy_validation`` it feeds: meshes, candidate builders, the
-call recorder, runtime refusals told apart from failures per query.
+Tests of the contract test harness (``contract_common``, ``contract_sweep``): meshes,
+input strategies, candidate builders, the call recorder, runtime refusals told apart
+from failures, and ``assert_contract``.
 """
 
 import torch
@@ -13,11 +13,6 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
-from torch.distributed.tensor._ops._contract_validation import ContractValidation
-from torch.distributed.tensor._ops.strategy_contract import (
-    check_strategy_contract,
-    infer_output_metas,
-)
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.contract_common import (
@@ -29,7 +24,6 @@ from torch.testing._internal.distributed._tensor.contract_common import (
 )
 from torch.testing._internal.distributed._tensor.contract_sweep import (
     CallRecorder,
-    CapturedCall,
     first_candidates,
     RUNTIME_REFUSAL_TYPES,
     RUNTIME_REFUSALS,
@@ -166,31 +160,6 @@ class TestContractHarness(StrategyContractTestBase):
             self.assertIsNone(runtime_refusal(unrelated))
         self.assertIsNone(runtime_refusal(ValueError("Shard(0) is not supported")))
         self.assertIsNone(runtime_refusal_key(RuntimeError("")))
-
-        # A real runtime query: a boolean-mask index on a sharded input. Eager
-        # DTensor needs the result's global size before it runs the op, so the
-        # query is refused, on stock torch as with the change; the same call asked
-        # as a planner is never a refusal, whatever the answer.
-        mesh = self.mesh((4,))
-        x = torch.randn(8, 4)
-        call = CapturedCall(
-            aten.index.Tensor, (meta_of(x), [meta_of(x[:, 0] > 0)]), {}, "test forward"
-        )
-        sweep = ContractValidation(
-            {call.op: [call]}, check_strategy_contract, infer_output_metas
-        )
-        runtime = sweep.queries(call, mesh, "runtime")
-        self.assertEqual(
-            [q.label for q in runtime], ["all Replicate", "input 0 Shard(0)"]
-        )
-        for query in runtime:
-            answer = sweep.ask(query, None)
-            self.assertIsInstance(answer.error, DynamicOutputShapeException, str(query))
-            self.assertEqual(
-                answer.refusal, RUNTIME_REFUSAL_TYPES[DynamicOutputShapeException]
-            )
-        (planner,) = sweep.queries(call, mesh, "planner")
-        self.assertIsNone(sweep.ask(planner, None).refusal)
 
     def test_call_recorder(self) -> None:
         """The recorder keeps distinct calls with tensor arguments, metas taken
