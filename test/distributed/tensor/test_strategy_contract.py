@@ -1,17 +1,15 @@
 # Copyright (c) Meta Platforms, Inc. and affiliates
 # Owner(s): ["oncall: distributed"]
 """
-Tests of the strategy contract checker itself.
-
-Each case breaks one clause in one known way, and the checker must name that clause,
-strategy and position; complete strategies must pass. The checker only reads
-DTensor's public structures, so these tests hold on stock torch with the contract's
-modules alone.
+Tests of the strategy contract checker. Each case breaks one clause in one known way,
+and the checker must name that clause, strategy and position; complete strategies must
+pass. The checker only reads DTensor's public structures, so these tests hold on stock
+torch with the contract's modules alone.
 """
 
 import math
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,10 +35,7 @@ from torch.distributed.tensor.placement_types import (
     Replicate,
     Shard,
 )
-from torch.testing._internal.common_utils import (
-    run_tests,
-    TestCase,
-)
+from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 
@@ -160,50 +155,40 @@ class TestStrategyContract(TestCase):
 
     # ---- broken strategies: each case and where the checker must point ----
 
+    def of(self, schema: OpSchema, *specs: OpSpec, **kwargs: bool) -> Case:
+        """A case: ``schema``, an OpStrategy of ``specs``, the check's keyword arguments."""
+        return schema, OpStrategy(list(specs)), kwargs
+
     def c1_missing_output_meta(self) -> Case:
         s = self.mm()
-        return (
-            s,
-            OpStrategy(
-                [
-                    self.op_spec(s, self.outputs(s)),
-                    self.op_spec(s, self.spec(None, (S0, R))),
-                ]
-            ),
-            {},
-        )
+        bad = self.op_spec(s, self.spec(None, (S0, R)))
+        return self.of(s, self.op_spec(s, self.outputs(s)), bad)
 
     def c1_input_meta_copied_onto_the_output(self) -> Case:
         # _to_copy to float32 with the bf16 input's meta on the output
         x = torch.randn(4, 6, dtype=torch.bfloat16)
         s = OpSchema(aten._to_copy.default, (self.inp(x),), {"dtype": torch.float32})
-        return s, OpStrategy([self.op_spec(s, self.spec(meta_of(x)))]), {}
+        return self.of(s, self.op_spec(s, self.spec(meta_of(x))))
 
     def c1_shape_swapped_but_not_the_stride(self) -> Case:
         x = torch.randn(4, 6)
         s = OpSchema(aten.transpose.int, (self.inp(x), 0, 1), {})
         wrong = self.spec(TensorMeta(torch.Size([6, 4]), x.stride(), x.dtype), (S1, R))
         good = self.op_spec(s, self.outputs(s))
-        return s, OpStrategy([good, good, self.op_spec(s, wrong)]), {}
+        return self.of(s, good, good, self.op_spec(s, wrong))
 
     def c1_wrong_shape(self) -> Case:
         x = torch.randn(4, 6)
         s = OpSchema(aten.view.default, (self.inp(x), [24]), {})
-        return s, OpStrategy([self.op_spec(s, self.spec(meta_of(x)))]), {}
+        return self.of(s, self.op_spec(s, self.spec(meta_of(x))))
 
     def layer_norm_backward(self, mask: list[bool], affine: bool = True) -> OpSchema:
         x, stats, w = torch.randn(2, 4), torch.randn(2, 1), torch.randn(4)
         weight = (self.inp(w), self.inp(w)) if affine else (None, None)
-        args = (
-            self.inp(x),
-            self.inp(x),
-            [4],
-            self.inp(stats),
-            self.inp(stats),
-            *weight,
-            mask,
+        inputs = (self.inp(x), self.inp(x), [4], self.inp(stats), self.inp(stats))
+        return OpSchema(
+            aten.native_layer_norm_backward.default, (*inputs, *weight, mask), {}
         )
-        return OpSchema(aten.native_layer_norm_backward.default, args, {})
 
     def c2_spec_where_the_result_is_none(self) -> Case:
         # the mask turns grad_weight off: a spec with the weight's meta is wrong there
@@ -211,54 +196,33 @@ class TestStrategyContract(TestCase):
         grad_input, _, grad_bias = self.outputs(s)
         weight = self.spec(tensor_inputs(s)[5].tensor_meta)
         good = self.op_spec(s, (grad_input, None, grad_bias))
-        bad = self.op_spec(s, (grad_input, weight, grad_bias))
-        return s, OpStrategy([good, bad]), {}
+        return self.of(s, good, self.op_spec(s, (grad_input, weight, grad_bias)))
 
     def c2_none_where_the_result_is_a_tensor(self) -> Case:
         s = self.layer_norm_backward([True, False, True])
-        return s, OpStrategy([self.op_spec(s, (self.outputs(s)[0], None, None))]), {}
+        return self.of(s, self.op_spec(s, (self.outputs(s)[0], None, None)))
+
+    def max_dim(self) -> OpSchema:
+        return OpSchema(aten.max.dim, (self.inp(torch.randn(4, 6)), 1), {})
 
     def c2_one_spec_for_two_results(self) -> Case:
-        s = OpSchema(aten.max.dim, (self.inp(torch.randn(4, 6)), 1), {})
-        return s, OpStrategy([self.op_spec(s, self.outputs(s)[0])]), {}
+        s = self.max_dim()
+        return self.of(s, self.op_spec(s, self.outputs(s)[0]))
 
     def c2_three_specs_for_two_results(self) -> Case:
-        s = OpSchema(aten.max.dim, (self.inp(torch.randn(4, 6)), 1), {})
-        values, indices = self.outputs(s)
-        return (
-            s,
-            OpStrategy(
-                [
-                    self.op_spec(s, (values, indices)),
-                    self.op_spec(s, (values, indices, indices)),
-                ]
-            ),
-            {},
-        )
+        s = self.max_dim()
+        v, i = self.outputs(s)
+        return self.of(s, self.op_spec(s, (v, i)), self.op_spec(s, (v, i, i)))
 
     def c2_spec_for_an_op_without_tensor_return(self) -> Case:
         x = torch.randn(4, 6)
         s = OpSchema(aten.equal.default, (self.inp(x), self.inp(x)), {})
-        return (
-            s,
-            OpStrategy([self.op_spec(s, None), self.op_spec(s, self.spec(meta_of(x)))]),
-            {},
-        )
+        return self.of(s, self.op_spec(s, None), self.op_spec(s, self.spec(meta_of(x))))
 
     def c2_split_with_too_few_results(self) -> Case:
         s = OpSchema(aten.split.Tensor, (self.inp(torch.randn(4, 6)), 2), {})
         outs = self.outputs(s)
-        return (
-            s,
-            OpStrategy(
-                [
-                    self.op_spec(s, outs),
-                    self.op_spec(s, outs[:1]),
-                    self.op_spec(s, outs[0]),
-                ]
-            ),
-            {},
-        )
+        return self.of(s, *(self.op_spec(s, o) for o in (outs, outs[:1], outs[0])))
 
     def c2_not_a_strategy(self) -> Case:
         s = self.mm()
@@ -266,90 +230,49 @@ class TestStrategyContract(TestCase):
 
     def c3_input_specs_none(self) -> Case:
         s = self.mm()
-        return s, OpStrategy([OpSpec(self.outputs(s), None, [[0.0], [0.0]])]), {}
+        return self.of(s, OpSpec(self.outputs(s), None, [[0.0], [0.0]]))
 
     def c3_one_input_spec_for_two_inputs(self) -> Case:
         s = self.mm()
         a = self.spec(tensor_inputs(s)[0].tensor_meta)
-        return (
-            s,
-            OpStrategy(
-                [
-                    self.op_spec(s, self.outputs(s)),
-                    self.op_spec(s, self.outputs(s), [a]),
-                ]
-            ),
-            {},
-        )
+        out = self.outputs(s)
+        return self.of(s, self.op_spec(s, out), self.op_spec(s, out, [a]))
 
     def c3_wrong_or_missing_input_meta(self) -> Case:
         s = self.mm()
         a, b = (self.spec(t.tensor_meta) for t in tensor_inputs(s))
-        out = self.outputs(s)
         # no meta; the lhs meta where the rhs belongs; no spec
-        specs = [
-            self.op_spec(s, out, [a, self.spec(None)]),
-            self.op_spec(s, out, [a, a]),
-            self.op_spec(s, out, [None, b]),
-        ]
-        return s, OpStrategy(specs), {}
+        inputs = ([a, self.spec(None)], [a, a], [None, b])
+        return self.of(s, *(self.op_spec(s, self.outputs(s), i) for i in inputs))
 
     def c3_out_kwarg_is_an_input(self) -> Case:
         x = torch.randn(4, 6)
         s = OpSchema(aten.neg.out, (self.inp(x),), {"out": self.inp(x)})
         out = self.spec(meta_of(x))
-        return (
-            s,
-            OpStrategy([self.op_spec(s, out), self.op_spec(s, out, [out], [[0.0]])]),
-            {},
-        )
+        return self.of(s, self.op_spec(s, out), self.op_spec(s, out, [out], [[0.0]]))
 
     def c4_costs_none(self) -> Case:
         s = self.mm()
-        return (
-            s,
-            OpStrategy(
-                [OpSpec(self.outputs(s), self.op_spec(s, None).input_specs, None)]
-            ),
-            {},
+        return self.of(
+            s, OpSpec(self.outputs(s), self.op_spec(s, None).input_specs, None)
         )
 
     def c4_one_row_for_two_inputs(self) -> Case:
         s = self.mm()
-        return (
-            s,
-            OpStrategy(
-                [
-                    self.op_spec(s, self.outputs(s)),
-                    self.op_spec(s, self.outputs(s), costs=[[0.0]]),
-                ]
-            ),
-            {},
-        )
+        out = self.outputs(s)
+        return self.of(s, self.op_spec(s, out), self.op_spec(s, out, costs=[[0.0]]))
 
     def c4_row_shorter_than_the_candidates(self) -> Case:
         s = self.mm((R, R), (S0, R), (R, S0))
         out = self.outputs(s)
         # one cost for the candidate the strategy wants, none for the others
-        return (
-            s,
-            OpStrategy(
-                [
-                    self.op_spec(s, out, costs=[[0.0, 1.0, 1.0], [0.0]]),
-                    self.op_spec(s, out, costs=[[0.0], [0.0]]),
-                ]
-            ),
-            {},
-        )
+        rows = ([[0.0, 1.0, 1.0], [0.0]], [[0.0], [0.0]])
+        return self.of(s, *(self.op_spec(s, out, costs=c) for c in rows))
 
     def c4_bad_values(self) -> Case:
+        a = self.inp(torch.randn(8, 4), (R, R), (S0, R))
         s = OpSchema(
-            aten.mm.default,
-            (
-                self.inp(torch.randn(8, 4), (R, R), (S0, R)),
-                self.inp(torch.randn(4, 6), (R, R), (S1, R)),
-            ),
-            {},
+            aten.mm.default, (a, self.inp(torch.randn(4, 6), (R, R), (S1, R))), {}
         )
         out, nan, inf = self.outputs(s), float("nan"), float("inf")
         rows = [
@@ -358,17 +281,21 @@ class TestStrategyContract(TestCase):
             [[0.0, 0.0], [-1.0, 0.0]],
             [[-inf, 0.0], [0.0, 0.0]],
         ]
-        return s, OpStrategy([self.op_spec(s, out, costs=c) for c in rows]), {}
+        return self.of(s, *(self.op_spec(s, out, costs=c) for c in rows))
 
     def c5_child_breaks_c1_and_c3(self) -> Case:
         s = self.foreach_add()
         outs = infer_output_metas(s)
         given = self.foreach_child(s, 1, outs[1]).strategies[0]
         # child 1 gets child 0's output meta and one of its two inputs
-        broken = OpStrategy(
-            [OpSpec(self.spec(outs[0]), given.input_specs[:1], given.redistribute_cost)]
+        spec = OpSpec(
+            self.spec(outs[0]), given.input_specs[:1], given.redistribute_cost
         )
-        return s, TupleStrategy([self.foreach_child(s, 0, outs[0]), broken]), {}
+        return (
+            s,
+            TupleStrategy([self.foreach_child(s, 0, outs[0]), OpStrategy([spec])]),
+            {},
+        )
 
     def c5_scalar_foreach_child_claims_another_input(self) -> Case:
         xs = [torch.randn(4, 6), torch.randn(3), torch.randn(2, 2)]
@@ -378,44 +305,34 @@ class TestStrategyContract(TestCase):
             {},
         )
         children = [
-            self.foreach_child(s, i, out) for i, out in enumerate(infer_output_metas(s))
+            self.foreach_child(s, i, m) for i, m in enumerate(infer_output_metas(s))
         ]
         good = children[1].strategies[0]
-        children[1] = OpStrategy(
-            [good, OpSpec(good.output_specs, [self.spec(meta_of(xs[0]))], [[0.0]])]
-        )
+        claim = OpSpec(good.output_specs, [self.spec(meta_of(xs[0]))], [[0.0]])
+        children[1] = OpStrategy([good, claim])
         return s, TupleStrategy(children), {}
 
     def c5_child_not_an_op_strategy(self) -> Case:
         s = self.foreach_add()
-        return (
-            s,
-            TupleStrategy(
-                [self.foreach_child(s, 0, infer_output_metas(s)[0]), TupleStrategy([])]
-            ),
-            {},
-        )
+        first = self.foreach_child(s, 0, infer_output_metas(s)[0])
+        return s, TupleStrategy([first, TupleStrategy([])]), {}
 
     def filled_only_judges_what_is_given(self) -> Case:
         # left-out fields pass (a registry completes them); wrong values do not
         s = self.mm()
         out, a = self.outputs(s), self.spec(tensor_inputs(s)[0].tensor_meta)
-        specs = [
-            OpSpec(self.spec(None, (S0, R)), None, None),
-            self.op_spec(s, a),  # an input's meta on the output
-            self.op_spec(s, out, [out, self.spec(None)]),
-            self.op_spec(s, out, costs=[[0.0], [0.0, 0.0]]),
-        ]
-        return s, OpStrategy(specs), {"filled_only": True}
+        left_out = OpSpec(self.spec(None, (S0, R)), None, None)
+        wrong_meta = self.op_spec(s, a)  # an input's meta on the output
+        wrong_input = self.op_spec(s, out, [out, self.spec(None)])
+        wrong_row = self.op_spec(s, out, costs=[[0.0], [0.0, 0.0]])
+        return self.of(
+            s, left_out, wrong_meta, wrong_input, wrong_row, filled_only=True
+        )
 
     def filled_only_spec_for_a_none_result(self) -> Case:
         s = self.layer_norm_backward([True, False, False], affine=False)
-        grad_input = self.outputs(s)[0]
-        return (
-            s,
-            OpStrategy([OpSpec((grad_input, self.spec(None), None), None, None)]),
-            {"filled_only": True},
-        )
+        given = OpSpec((self.outputs(s)[0], self.spec(None), None), None, None)
+        return self.of(s, given, filled_only=True)
 
     def test_each_case_is_named_by_clause_strategy_and_position(self) -> None:
         """One line per violation of every broken case: the clause, the strategy, the
@@ -467,61 +384,35 @@ filled_only_spec_for_a_none_result: C2 aten.native_layer_norm_backward.default s
 
     # ---- complete strategies pass ----
 
-    def complete_cases(self) -> dict[str, Callable[[], tuple[OpSchema, StrategyType]]]:
-        def mm(shape: tuple[int, ...]) -> tuple[OpSchema, StrategyType]:
-            mesh = self.meshes[shape]
-            rest = (R,) * (mesh.ndim - 1)
-            a, b = torch.randn(8, 4), torch.randn(4, 6)
-            # inputs with several candidates, so cost rows have real lengths
-            cands = [(p,) + rest for p in (R, S0, S1)]
-            s = OpSchema(
-                aten.mm.default,
-                (self.inp(a, *cands, mesh=mesh), self.inp(b, *cands, mesh=mesh)),
-                {},
-            )
-            layouts = [
-                (R, R, R),
-                (S0, R, S0),
-                (S1, S0, P),
-            ]  # replicated, row-sharded, contracting dim sharded
-            out = infer_output_metas(s)
+    def complete_mm(self, shape: tuple[int, ...]) -> tuple[OpSchema, StrategyType]:
+        mesh, rest = self.meshes[shape], (R,) * (len(shape) - 1)
+        a, b = torch.randn(8, 4), torch.randn(4, 6)
+        # inputs with several candidates, so cost rows have real lengths
+        cands = [(p,) + rest for p in (R, S0, S1)]
+        inputs = (self.inp(a, *cands, mesh=mesh), self.inp(b, *cands, mesh=mesh))
+        s = OpSchema(aten.mm.default, inputs, {})
 
-            def spec(p: Placement, meta: TensorMeta) -> DTensorSpec:
-                return DTensorSpec(mesh, (p,) + rest, tensor_meta=meta)
+        def spec(p: Placement, t: torch.Tensor) -> DTensorSpec:
+            return DTensorSpec(mesh, (p,) + rest, tensor_meta=meta_of(t))
 
-            costs = [[0.0] * 3, [0.0] * 3]
-            return s, OpStrategy(
-                [
-                    OpSpec(
-                        spec(o, out), [spec(x, meta_of(a)), spec(y, meta_of(b))], costs
-                    )
-                    for x, y, o in layouts
-                ]
-            )
-
-        def max_dim() -> tuple[OpSchema, StrategyType]:
-            s = OpSchema(aten.max.dim, (self.inp(torch.randn(4, 6)), 1), {})
-            return s, OpStrategy([self.op_spec(s, self.outputs(s))])
-
-        def foreach_add() -> tuple[OpSchema, StrategyType]:
-            s = self.foreach_add()
-            return s, TupleStrategy(
-                [
-                    self.foreach_child(s, i, out)
-                    for i, out in enumerate(infer_output_metas(s))
-                ]
-            )
-
-        cases = {
-            f"mm_{'x'.join(map(str, shape))}": (lambda shape=shape: mm(shape))
-            for shape in MESH_SHAPES
-        }
-        return {**cases, "max_dim": max_dim, "foreach_add": foreach_add}
+        # replicated, row-sharded, contracting dim sharded
+        layouts = [(R, R, R), (S0, R, S0), (S1, S0, P)]
+        specs = [
+            OpSpec(spec(o, a @ b), [spec(x, a), spec(y, b)], [[0.0] * 3] * 2)
+            for x, y, o in layouts
+        ]
+        return s, OpStrategy(specs)
 
     def test_complete_strategies_pass(self) -> None:
-        for name, build in self.complete_cases().items():
+        fe, md = self.foreach_add(), self.max_dim()
+        cases = {f"mm on {shape}": self.complete_mm(shape) for shape in MESH_SHAPES}
+        cases["max.dim"] = (md, OpStrategy([self.op_spec(md, self.outputs(md))]))
+        children = [
+            self.foreach_child(fe, i, m) for i, m in enumerate(infer_output_metas(fe))
+        ]
+        cases["_foreach_add"] = (fe, TupleStrategy(children))
+        for name, (schema, strategy) in cases.items():
             with self.subTest(case=name):
-                schema, strategy = build()
                 self.assertEqual(
                     check_strategy_contract(
                         schema, strategy, infer_output_metas(schema)
