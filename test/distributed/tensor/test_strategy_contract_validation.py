@@ -74,6 +74,27 @@ class TestContractValidation(StrategyContractTestBase):
             counts.examples["C1"]["violation"],
         )
 
+    def test_calls_it_cannot_judge_are_reported(self) -> None:
+        """A call whose result size shape inference cannot give is not judged, and
+        the report says so instead of leaving it out."""
+        x = torch.randn(8, 4)
+        call = CapturedCall(aten.relu.default, (meta_of(x),), {}, "test forward")
+
+        def infer(op_schema, *args, **kwargs):
+            raise DynamicOutputShapeException(op_schema.op)
+
+        meshes = {"4": self.mesh((4,))}
+        validation = ContractValidation(
+            {call.op: [call]}, check_strategy_contract, infer, meshes, ["runtime"]
+        )
+        validation.run()
+        (counts,) = validation.results[("runtime", "4")].values()
+        self.assertEqual((counts.data_dependent, counts.queries), (1, 0))
+        self.assertIn(
+            "runtime mesh 4: 1 calls not judged (data-dependent size)",
+            validation.format_ops(),
+        )
+
     def test_runtime_refusal_is_per_query(self) -> None:
         """A boolean-mask index on a sharded input: eager DTensor needs the result's
         global size before it runs the op, so the runtime query is refused (on stock

@@ -597,6 +597,11 @@ class ContractValidation:
                 broke = [f"{k} {n}" for k, n in sorted(c.clauses.items())]
                 broke += [f"{t['errors']} errors"] if c.errors else []
                 broke += [f"{t['refused']} refused"] if c.refusals else []
+                if c.data_dependent:
+                    # shape inference could not size the result: nothing to judge
+                    broke.append(
+                        f"{c.data_dependent} calls not judged (data-dependent size)"
+                    )
                 if broke:
                     lines.append(f"  {where}: " + ", ".join(broke))
                 for e in c.examples.values():
