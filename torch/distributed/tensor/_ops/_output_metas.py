@@ -26,7 +26,7 @@ from torch._ops import OpOverload
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import OpSchema, TupleStrategy
 from torch.distributed.tensor._ops._bounded_cache import BoundedCache
-from torch.distributed.tensor._ops.strategy_contract import (
+from torch.distributed.tensor._ops._op_returns import (
     infer_output_metas,
     op_has_tensor_returns,
     OutputMetas,
