@@ -51,8 +51,8 @@ try:
         strategy_registry,
         strategy_schema,
     )
-    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+    from torch.testing._internal.distributed._tensor.contract_sweep import author_rules
 except ImportError:  # stock torch: only the --eager-worker runs there
     StrategyContractTestBase = TestCase  # type: ignore[misc, assignment]
 
@@ -226,21 +226,10 @@ class TestAttentionResultSpecs(StrategyContractTestBase):
     def expand_rules(
         self, op: torch._ops.OpOverload, schema: OpSchema, mesh: DeviceMesh
     ) -> OpStrategy:
-        """The op's registered single-dim rules (placeholders as ``Shard``, the
-        all-Replicate rule added if missing) expanded as a downstream author does.
-
-        The number of outputs is read off the rules (every return, tensor or not,
-        has a position), not from the schema's tensor returns.
-        """
+        """The op's registered single-dim rules, resolved by the harness as a rule
+        author does (``author_rules``), expanded with no output metas."""
         info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[op]
-        rules = [
-            [Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule]
-            for rule in info.func(op, schema.args_meta, schema.kwargs_meta)
-        ]
-        n_inputs = sum(isinstance(a, OpStrategy) for a in schema.args_schema)
-        n_outputs = len(rules[0]) - n_inputs
-        if not any(all(p is None or isinstance(p, Replicate) for p in r) for r in rules):
-            rules.append([Replicate()] * (n_outputs + n_inputs))
+        rules, n_outputs = author_rules(schema, info)
         return expand_to_full_mesh_op_strategy(
             mesh, schema, rules, input_index=n_outputs  # type: ignore[arg-type]
         )
