@@ -373,16 +373,16 @@ def candidate_func(name: str, limit: int) -> Callable[..., Any]:
     producers hand them out (a contraction's ``sum``, ``amax``'s ``max``), so
     that a rule's ``Partial`` pass-throughs show.
     """
-    from torch.testing._internal.distributed._tensor import contract_sweep
+    from torch.testing._internal.distributed._tensor import contract_candidates
 
     if name == "audit":
-        return contract_sweep.first_candidates(limit)
+        return contract_candidates.first_candidates(limit)
     if name == "few":
-        return contract_sweep.capped_candidates(4)
+        return contract_candidates.capped_candidates(4)
     if name == "replicated":
-        return contract_sweep.replicated_candidate
+        return contract_candidates.replicated_candidate
     if name == "partials":
-        return contract_sweep.first_candidates(limit, ("sum", "avg", "max", "min"))
+        return contract_candidates.first_candidates(limit, ("sum", "avg", "max", "min"))
     raise ValueError(f"candidate mode must be one of {CANDIDATE_CHOICES}, got {name!r}")
 
 

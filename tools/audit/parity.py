@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from tools._modules import write_json_atomically
-from tools.audit.worker import load_validation, opinfo_label
+from tools.audit.worker import load_mode, load_validation, opinfo_label
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     cv = load_validation()
     meshes = [(name, mesh, tuple(mesh.shape)) for name, mesh in cv.make_meshes(args.meshes).items()]
     # the contract mode's choice of OpInfos (aten op names choose none here)
-    picked, _ = cv.select_opinfos([p.strip() for p in (args.ops or "").split(",") if p.strip()])
+    picked, _ = load_mode().select_opinfos([p.strip() for p in (args.ops or "").split(",") if p.strip()])
     chosen = [info for info, named in picked if named]
     t_setup = time.monotonic()
 

@@ -38,9 +38,10 @@ DEFAULT_CHECKER = REPO_ROOT / "torch/distributed/tensor/_ops/strategy_contract.p
 # The repository's modules the audit runs, by the name torch would import them as.
 MODULES = {
     "torch.distributed.tensor._ops._op_returns": "torch/distributed/tensor/_ops/_op_returns.py",
-    "torch.testing._internal.distributed._tensor.contract_sweep":
-        "torch/testing/_internal/distributed/_tensor/contract_sweep.py",
-    "torch.distributed.tensor._ops._contract_validation": "torch/distributed/tensor/_ops/_contract_validation.py",
+    **{f"torch.testing._internal.distributed._tensor.{m}": f"torch/testing/_internal/distributed/_tensor/{m}.py"
+       for m in ("contract_candidates", "contract_sweep", "contract_capture")},
+    **{f"torch.distributed.tensor._ops.{m}": f"torch/distributed/tensor/_ops/{m}.py"
+       for m in ("_contract_validation", "_contract_mode")},
 }
 REGISTRIES = ("single_dim", "op_strategy", "decomposition")
 # Ops the per-op text of the report shows (failing ops; the JSON has them all).
@@ -53,6 +54,12 @@ def load_validation() -> Any:
         if name not in sys.modules and importlib.util.find_spec(name) is None:
             load_by_path(name, REPO_ROOT / rel)
     return importlib.import_module("torch.distributed.tensor._ops._contract_validation")
+
+
+def load_mode() -> Any:
+    """``_contract_mode`` (options, op selection and capture, report), loaded as above."""
+    load_validation()
+    return importlib.import_module("torch.distributed.tensor._ops._contract_mode")
 
 
 def load_contract_sweep() -> Any:
@@ -189,9 +196,9 @@ def results_json(cv: Any, validation: Any) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     t_start = time.monotonic()
-    cv = load_validation()
+    cv, mode = load_validation(), load_mode()
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    cv.add_arguments(ap)
+    mode.add_arguments(ap)
     ap.add_argument("--op", "--ops", dest="op", default=None, help="as strategy_validation's --op")
     ap.add_argument("--all-registered", action="store_true", help="every OpInfo (the default without --op)")
     ap.add_argument("--max-samples", type=int, default=None, help="samples per OpInfo and dtype (default 3)")
@@ -228,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             last[0] = now
 
     t_setup = time.monotonic()
-    validation, recorder, counts = cv.validate(
+    validation, recorder, counts = mode.validate(
         args, checker.check_strategy_contract, checker.infer_output_metas, after_runtime, progress)
     t_query = time.monotonic()
 
@@ -255,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         "caches": cache_sizes(DTensor._op_dispatcher.sharding_propagator),
         "results": results_json(cv, validation),
         # the contract mode's text: its ops that break the contract or raise, and its summary
-        "report": validation.format_ops(only_failed=True, limit=REPORT_OPS),
-        "summary": validation.format_summary(per_op_table=False),
+        "report": mode.format_ops(validation, only_failed=True, limit=REPORT_OPS),
+        "summary": mode.format_summary(validation, per_op_table=False),
         "infer_failed": sorted(infer_failed, key=lambda d: d["op"]),
         "refusal_reasons": {**cv.sweep.RUNTIME_REFUSALS,
                             **{t.__name__: r for t, r in cv.sweep.RUNTIME_REFUSAL_TYPES.items()}},

@@ -19,7 +19,7 @@ key sequence a workload produces, so this tool records it and replays it:
    tuple, and a row lookup naming the interning it came from and its target;
 2. the workload runs: the planner walk of ``make bench`` (every node of the
    traced Llama step, candidates capped, 2x4 mesh) and a registry sweep like
-   the audit's (``contract_sweep``'s OpInfo capture, then runtime, planner and
+   the audit's (``contract_capture``'s OpInfo capture, then runtime, planner and
    utility queries and DTensor's runtime selections on meshes 4 and 2x2, the
    audit's capture and candidate settings); ``--ops`` restricts the sweep to
    some OpInfos;
@@ -274,7 +274,7 @@ def run_walk(args: argparse.Namespace) -> dict[str, Any]:
     mesh = common.cpu_mesh((2, 4))
     gm = model.trace_llama(model.LlamaDims(blocks=args.blocks))
     common.clear_dtensor_caches()
-    stats = planner.walk_once(mesh, gm.graph, "built", common.load_contract_sweep(), args.cap)
+    stats = planner.walk_once(mesh, gm.graph, "built", common.load_contract_candidates(), args.cap)
     planner.check_walk(stats, gm.graph)
     return {"blocks": args.blocks, "cap": args.cap, "mesh": [2, 4], "nodes": stats.nodes,
             "specs": stats.specs}
@@ -288,14 +288,15 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     sweep = cv.sweep
     audit_args = argparse.Namespace(dtypes="float32,bfloat16,int64,bool,complex64", max_samples=3,
                                     foreach_tensors=8)
-    cv.use_cli_sample_sizes()
-    picked, aten = cv.select_opinfos([p.strip() for p in (args.ops or "").split(",") if p.strip()])
-    recorder, capture_counts = cv.capture(picked, aten, audit_args)
-    selected = sweep.select_calls(recorder, 4)
+    contract_mode = audit.load_mode()
+    contract_mode.use_cli_sample_sizes()
+    picked, aten = contract_mode.select_opinfos([p.strip() for p in (args.ops or "").split(",") if p.strip()])
+    recorder, capture_counts = contract_mode.capture(picked, aten, audit_args)
+    selected = contract_mode.select_calls(recorder, 4)
     meshes = cv.make_meshes("4,2x2")
     # the audit's queries without a checker: only the keys the caches see matter
     validation = cv.ContractValidation(selected, lambda *a: (), lambda schema: None, meshes,
-                                       candidates=sweep.first_candidates(16))
+                                       candidates=contract_mode.first_candidates(16))
     queries = errors = timeouts = 0
     for calls in selected.values():
         for call in calls:

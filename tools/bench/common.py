@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORLD_SIZE = 8
-CONTRACT_SWEEP = "torch/testing/_internal/distributed/_tensor/contract_sweep.py"
+CONTRACT_CANDIDATES = "torch/testing/_internal/distributed/_tensor/contract_candidates.py"
 
 
 def init_fake_process_group(world_size: int = WORLD_SIZE) -> None:
@@ -106,15 +106,15 @@ def clear_dtensor_caches() -> list[str]:
     return cleared
 
 
-def load_contract_sweep() -> ModuleType:
-    """contract_sweep as installed (built venv), else loaded from the repo by path (stock)."""
+def load_contract_candidates() -> ModuleType:
+    """contract_candidates as installed (built venv), else loaded from the repo by path (stock)."""
     try:
-        from torch.testing._internal.distributed._tensor import contract_sweep
+        from torch.testing._internal.distributed._tensor import contract_candidates
 
-        return contract_sweep
+        return contract_candidates
     except ImportError:
         pass
-    return load_by_path("_bench_contract_sweep", REPO_ROOT / CONTRACT_SWEEP)
+    return load_by_path("_bench_contract_candidates", REPO_ROOT / CONTRACT_CANDIDATES)
 
 
 def has_contract_change() -> bool:

@@ -213,7 +213,7 @@ def worker_main(args: argparse.Namespace) -> int:
     common.clear_dtensor_caches()
     side = "built" if common.has_contract_change() else args.walk
     warm_graph = model.graph_prefix(warm.graph, 40)
-    planner.walk_once(common.cpu_mesh((8,)), warm_graph, side, common.load_contract_sweep(), args.cap)
+    planner.walk_once(common.cpu_mesh((8,)), warm_graph, side, common.load_contract_candidates(), args.cap)
     traced: dict[int, Any] = {1: warm}
     results = {}
     for config in order:

@@ -233,7 +233,7 @@ class PlannerBench(Benchmark):
             raise ValueError(f"planner walk: blocks {self.blocks} and cap {self.cap} must be >= 1")
         self.mesh_shape = MESH_SHAPE if mesh_shape is None else tuple(mesh_shape)
         self.mesh = common.cpu_mesh(self.mesh_shape)
-        self.sweep = common.load_contract_sweep()
+        self.sweep = common.load_contract_candidates()
         if common.has_contract_change():
             self.side = "built"
         else:

@@ -82,7 +82,7 @@ def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
 
 def _call(op: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
     """A captured call as contract_sweep's recorder makes it (tensors as TensorMeta)."""
-    return worker.load_contract_sweep().CapturedCall(op, args, kwargs or {}, "test forward")
+    return worker.load_validation().capture.CapturedCall(op, args, kwargs or {}, "test forward")
 
 
 @contextlib.contextmanager
@@ -140,7 +140,7 @@ class _Audit:
         self.selections: dict[str, dict[str, Any]] = {}
         self.validation = cv.ContractValidation(
             {}, checker.check_strategy_contract, checker.infer_output_metas, cv.make_meshes(meshes),
-            modes.split(","), self.sweep.first_candidates(16), 60.0,
+            modes.split(","), worker.load_mode().first_candidates(16), 60.0,
             worker.selection_recorder(cv, self.selections, 60.0),
         )
 

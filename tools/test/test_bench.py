@@ -127,7 +127,7 @@ class TestPlannerWalks(TestCase):
 
     def setUp(self) -> None:
         self.mesh = with_mesh((2, 4))
-        self.sweep = common.load_contract_sweep()
+        self.sweep = common.load_contract_candidates()
         self.graph = small_graph()
         self.node = next(n for n in self.graph.nodes if n.target is torch.ops.aten.add.Tensor)
 

@@ -37,17 +37,23 @@ try:
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
     from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
     from torch.distributed.tensor._ops import strategy_contract
-    from torch.testing._internal.distributed._tensor.contract_common import (
-        attention_calls,
-        mesh_name,
+    from torch.testing._internal.distributed._tensor.contract_candidates import (
         meta_of,
         mode_candidates,
+        QUERY_MODES,
+    )
+    from torch.testing._internal.distributed._tensor.contract_capture import (
+        attention_calls,
+    )
+    from torch.testing._internal.distributed._tensor.contract_common import (
+        mesh_name,
         OP_MESHES,
         output_tuple,
-        QUERY_MODES,
-        STOCK_PYTHON_ENV,
         stock_python,
+        STOCK_PYTHON_ENV,
         StrategyContractTestBase,
+    )
+    from torch.testing._internal.distributed._tensor.contract_sweep import (
         strategy_registry,
         strategy_schema,
     )

@@ -63,8 +63,8 @@ from torch.utils import _pytree as pytree
 
 try:
     from torch.testing._internal.distributed._tensor.contract_common import (
-        STOCK_PYTHON_ENV,
         stock_python,
+        STOCK_PYTHON_ENV,
         StrategyContractTestBase,
     )
 except ImportError:  # stock torch: only the --capture-guards worker runs there

@@ -22,14 +22,20 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
+from torch.testing._internal.distributed._tensor.contract_candidates import (
+    meta_of,
+    sharded_candidate,
+)
 from torch.testing._internal.distributed._tensor.contract_common import (
     mesh_name,
-    meta_of,
     OP_MESHES,
-    sharded_candidate,
+)
+from torch.testing._internal.distributed._tensor.contract_ops_common import (
+    StrategyOpsTestBase,
+)
+from torch.testing._internal.distributed._tensor.contract_sweep import (
     strategy_registry,
     strategy_schema,
-    StrategyOpsTestBase,
 )
 
 

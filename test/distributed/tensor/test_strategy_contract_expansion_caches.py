@@ -15,8 +15,8 @@ import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor.contract_candidates import meta_of
 from torch.testing._internal.distributed._tensor.contract_common import (
-    meta_of,
     StrategyContractTestBase,
 )
 

@@ -48,17 +48,19 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
-from torch.testing._internal.distributed._tensor.contract_common import (
-    replicated_candidate,
-    StrategyContractTestBase,
-    strategy_schema,
-)
-from torch.testing._internal.distributed._tensor.contract_sweep import (
-    CallRecorder,
+from torch.testing._internal.distributed._tensor.contract_candidates import (
     capped_candidates,
+    replicated_candidate,
+)
+from torch.testing._internal.distributed._tensor.contract_capture import (
+    CallRecorder,
     capture_calls,
     opinfo_db,
 )
+from torch.testing._internal.distributed._tensor.contract_common import (
+    StrategyContractTestBase,
+)
+from torch.testing._internal.distributed._tensor.contract_sweep import strategy_schema
 
 
 # Ops whose rules DTensor expands once per element of their tensor lists.

@@ -110,16 +110,16 @@ from torch.distributed.tensor.placement_types import (
     Shard,
 )
 from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor.contract_capture import CapturedCall
 from torch.testing._internal.distributed._tensor.contract_common import (
-    query_strategy,
-    strategy_registry,
-    strategy_schema,
     StrategyContractTestBase,
 )
 from torch.testing._internal.distributed._tensor.contract_sweep import (
-    CapturedCall,
+    query_strategy,
     runtime_refusal_key,
     runtime_schema,
+    strategy_registry,
+    strategy_schema,
 )
 
 

@@ -24,11 +24,13 @@ from torch.distributed.tensor.placement_types import (
     Shard,
 )
 from torch.testing._internal.common_utils import run_tests
-from torch.testing._internal.distributed._tensor.contract_common import (
+from torch.testing._internal.distributed._tensor.contract_candidates import (
     planner_candidates,
-    strategy_schema,
+)
+from torch.testing._internal.distributed._tensor.contract_ops_common import (
     StrategyOpsTestBase,
 )
+from torch.testing._internal.distributed._tensor.contract_sweep import strategy_schema
 
 
 aten = torch.ops.aten

@@ -13,14 +13,18 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
+from torch.testing._internal.distributed._tensor.contract_candidates import (
+    mode_candidates,
+    QUERY_MODES,
+)
 from torch.testing._internal.distributed._tensor.contract_common import (
     mesh_name,
-    mode_candidates,
     OP_MESHES,
-    QUERY_MODES,
-    strategy_schema,
+)
+from torch.testing._internal.distributed._tensor.contract_ops_common import (
     StrategyOpsTestBase,
 )
+from torch.testing._internal.distributed._tensor.contract_sweep import strategy_schema
 
 
 aten = torch.ops.aten

@@ -49,19 +49,25 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
-from torch.testing._internal.distributed._tensor.contract_common import (
-    mesh_name,
+from torch.testing._internal.distributed._tensor.contract_candidates import (
     meta_of,
     mode_candidates,
+    planner_candidates,
+    QUERY_MODES,
+    sampled_planner_candidates,
+)
+from torch.testing._internal.distributed._tensor.contract_common import (
+    mesh_name,
     OP_MESHES,
     output_tuple,
-    QUERY_MODES,
-    planner_candidates,
+)
+from torch.testing._internal.distributed._tensor.contract_ops_common import (
+    StrategyOpsTestBase,
+)
+from torch.testing._internal.distributed._tensor.contract_sweep import (
     query_strategy,
-    sampled_planner_candidates,
     strategy_registry,
     strategy_schema,
-    StrategyOpsTestBase,
 )
 from torch.utils import _pytree as pytree
 

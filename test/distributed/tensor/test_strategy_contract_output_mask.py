@@ -43,13 +43,15 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
+from torch.testing._internal.distributed._tensor.contract_candidates import (
+    capped_candidates,
+    sampled_planner_candidates,
+)
 from torch.testing._internal.distributed._tensor.contract_common import (
     mesh_name,
-    sampled_planner_candidates,
-    strategy_schema,
     StrategyContractTestBase,
 )
-from torch.testing._internal.distributed._tensor.contract_sweep import capped_candidates
+from torch.testing._internal.distributed._tensor.contract_sweep import strategy_schema
 from torch.utils import _pytree as pytree
 
 

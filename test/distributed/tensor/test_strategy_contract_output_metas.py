@@ -17,11 +17,11 @@ from torch.testing._internal.common_utils import (
     run_tests,
     TestCase,
 )
+from torch.testing._internal.distributed._tensor.contract_candidates import meta_of
 from torch.testing._internal.distributed._tensor.contract_common import (
-    meta_of,
-    strategy_schema,
     StrategyContractTestBase,
 )
+from torch.testing._internal.distributed._tensor.contract_sweep import strategy_schema
 
 
 aten = torch.ops.aten

@@ -55,13 +55,17 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
-from torch.testing._internal.distributed._tensor.contract_common import (
-    answered_by,
+from torch.testing._internal.distributed._tensor.contract_candidates import (
     meta_of,
     op_strategy,
     planner_candidates,
-    strategy_registry,
+)
+from torch.testing._internal.distributed._tensor.contract_common import (
     StrategyContractTestBase,
+)
+from torch.testing._internal.distributed._tensor.contract_sweep import (
+    answered_by,
+    strategy_registry,
 )
 from torch.utils import _pytree as pytree
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from torch._ops import OpOverload
+from torch.distributed.tensor._ops._contract_mode import format_ops, format_summary
 from torch.distributed.tensor._ops._contract_validation import ContractValidation
 from torch.distributed.tensor._ops.strategy_contract import (
     check_strategy_contract,
@@ -43,19 +44,23 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
+from torch.testing._internal.distributed._tensor.contract_candidates import (
+    capped_candidates,
+)
+from torch.testing._internal.distributed._tensor.contract_capture import (
+    capture_calls,
+    CapturedCall,
+    opinfo_db,
+    select_calls,
+)
 from torch.testing._internal.distributed._tensor.contract_common import (
-    registry_coverage,
     StrategyContractTestBase,
 )
 from torch.testing._internal.distributed._tensor.contract_sweep import (
-    capped_candidates,
-    capture_calls,
-    CapturedCall,
     CONTRACT_SKIPS,
     MODES,
-    opinfo_db,
+    registry_coverage,
     RUNTIME_REFUSALS,
-    select_calls,
     strategy_registry,
 )
 
@@ -109,27 +114,35 @@ class TestStrategyContractRegistry(StrategyContractTestBase):
             metas=self.metas,
         )
         validation.run()
-        print(validation.format_summary(per_op_table=False))
+        print(format_summary(validation, per_op_table=False))
         # utility mode expands the single-dim rules, so it reaches those ops only
         expected = [
-            op for op in self.calls if mode != "utility" or strategy_registry(op) == "single_dim"
+            op
+            for op in self.calls
+            if mode != "utility" or strategy_registry(op) == "single_dim"
         ]
         (ops,) = validation.results.values()
         self.assertEqual(len(ops), len(expected))
-        failures = [op for op, c in ops.items() if c.failed and op not in CONTRACT_SKIPS]
+        failures = [
+            op for op, c in ops.items() if c.failed and op not in CONTRACT_SKIPS
+        ]
         if failures:
             self.fail(
                 f"{len(failures)} of {len(ops)} ops break the strategy "
                 f"contract or raise in {mode} queries on mesh {shape}:\n"
-                + validation.format_ops(only_failed=True, limit=40)
+                + format_ops(validation, only_failed=True, limit=40)
             )
 
     def test_coverage(self) -> None:
         coverage = registry_coverage(self.calls)
         print(f"capture: {self.capture_counts}")
         for registry, (reached, registered) in coverage.items():
-            print(f"{registry}: {reached} of {registered} registered ops reached by OpInfo samples")
-            self.assertGreaterEqual(reached, MIN_REACHED_SHARE[registry] * registered, registry)
+            print(
+                f"{registry}: {reached} of {registered} registered ops reached by OpInfo samples"
+            )
+            self.assertGreaterEqual(
+                reached, MIN_REACHED_SHARE[registry] * registered, registry
+            )
 
     def test_skips_and_refusals_are_reasoned(self) -> None:
         reached = {str(op) for op in self.calls}

@@ -36,16 +36,16 @@ from torch.distributed.tensor._ops.single_dim_strategy import (
 )
 from torch.distributed.tensor._ops.strategy_contract import infer_output_metas
 from torch.testing._internal.common_utils import run_tests
-from torch.testing._internal.distributed._tensor.contract_common import (
+from torch.testing._internal.distributed._tensor.contract_candidates import meta_of
+from torch.testing._internal.distributed._tensor.contract_capture import (
     attention_calls,
-    meta_of,
-    StrategyContractTestBase,
-    strategy_schema,
-)
-from torch.testing._internal.distributed._tensor.contract_sweep import (
     capture_calls,
     opinfo_db,
 )
+from torch.testing._internal.distributed._tensor.contract_common import (
+    StrategyContractTestBase,
+)
+from torch.testing._internal.distributed._tensor.contract_sweep import strategy_schema
 
 
 aten = torch.ops.aten

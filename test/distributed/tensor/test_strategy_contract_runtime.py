@@ -49,19 +49,21 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
-from torch.testing._internal.distributed._tensor.contract_common import (
-    answered_by,
+from torch.testing._internal.distributed._tensor.contract_candidates import (
+    capped_candidates,
     meta_of,
     op_strategy,
-    ops_by_registry,
     planner_candidates,
-    query_strategy,
-    strategy_schema,
+)
+from torch.testing._internal.distributed._tensor.contract_common import (
     StrategyContractTestBase,
 )
 from torch.testing._internal.distributed._tensor.contract_sweep import (
-    capped_candidates,
+    answered_by,
+    ops_by_registry,
+    query_strategy,
     REGISTRIES,
+    strategy_schema,
 )
 from torch.utils import _pytree as pytree
 

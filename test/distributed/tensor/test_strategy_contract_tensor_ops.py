@@ -13,11 +13,15 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
+from torch.testing._internal.distributed._tensor.contract_candidates import (
+    meta_of,
+    QUERY_MODES,
+)
 from torch.testing._internal.distributed._tensor.contract_common import (
     mesh_name,
-    meta_of,
     OP_MESHES,
-    QUERY_MODES,
+)
+from torch.testing._internal.distributed._tensor.contract_ops_common import (
     StrategyOpsTestBase,
 )
 

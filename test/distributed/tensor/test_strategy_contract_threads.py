@@ -55,16 +55,18 @@ from torch.distributed.tensor.placement_types import (
     Shard,
 )
 from torch.testing._internal.common_utils import run_tests
-from torch.testing._internal.distributed._tensor.contract_common import (
+from torch.testing._internal.distributed._tensor.contract_candidates import (
+    capped_candidates,
     meta_of,
-    ops_by_registry,
-    strategy_schema,
+)
+from torch.testing._internal.distributed._tensor.contract_common import (
     StrategyContractTestBase,
 )
 from torch.testing._internal.distributed._tensor.contract_sweep import (
-    capped_candidates,
+    ops_by_registry,
     REGISTRIES,
     runtime_schema,
+    strategy_schema,
 )
 
 

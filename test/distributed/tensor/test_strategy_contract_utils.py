@@ -30,13 +30,15 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
-from torch.testing._internal.distributed._tensor.contract_common import (
+from torch.testing._internal.distributed._tensor.contract_candidates import (
+    capped_candidates,
     meta_of,
     planner_candidates,
-    strategy_schema,
+)
+from torch.testing._internal.distributed._tensor.contract_common import (
     StrategyContractTestBase,
 )
-from torch.testing._internal.distributed._tensor.contract_sweep import capped_candidates
+from torch.testing._internal.distributed._tensor.contract_sweep import strategy_schema
 
 
 aten = torch.ops.aten

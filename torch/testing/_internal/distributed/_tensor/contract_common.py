@@ -1,24 +1,19 @@
 # Copyright (c) Meta Platforms, Inc. and affiliates
 # Owner(s): ["oncall: distributed"]
 """
-Shared harness for tests that hold DTensor sharding strategies to the strategy
-contract (see ``torch.distributed.tensor._ops.strategy_contract``).
+The test base the strategy-contract tests share.
 
-Strategy functions only need meshes and metadata, never real collectives, so the
-tests run in a single process on a fake process group of 8 ranks, which is big
-enough for every mesh in :data:`MESH_SHAPES`. Building schemas and querying
-DTensor's registries lives in ``contract_sweep`` (which must not depend on the
-contract checker) and is re-exported here.
+Strategy functions only need meshes and metadata, never real collectives, so
+the tests run in one process on a fake process group of 8 ranks, enough for
+every mesh in :data:`MESH_SHAPES`, and hold strategies to the contract of
+``torch.distributed.tensor._ops.strategy_contract``.
 """
 
-import itertools
 import math
 import os
-import random
 import sys
-import unittest
-from collections.abc import Callable, Iterable, Sequence
-from typing import cast, TypeVar
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -37,49 +32,8 @@ from torch.distributed.tensor._ops.strategy_contract import (
     infer_output_metas,
     OutputMetas,
 )
-from torch.distributed.tensor.placement_types import (
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-)
 from torch.testing._internal.common_utils import TestCase
-from torch.testing._internal.distributed._tensor.contract_sweep import (
-    REGISTRIES,
-    meta_of,
-    op_strategy,
-    query_strategy,
-    replicated_candidate,
-    strategy_registry,
-    strategy_schema,
-)
 from torch.testing._internal.distributed.fake_pg import FakeStore
-
-
-__all__ = [
-    "MESH_SHAPES",
-    "attention_calls",
-    "OP_MESHES",
-    "QUERY_MODES",
-    "StrategyContractTestBase",
-    "StrategyOpsTestBase",
-    "answered_by",
-    "describe",
-    "mesh_name",
-    "mode_candidates",
-    "ops_by_registry",
-    "output_tuple",
-    "sampled_planner_candidates",
-    "sharded_candidate",
-    "meta_of",
-    "op_strategy",
-    "planner_candidates",
-    "query_strategy",
-    "registry_coverage",
-    "replicated_candidate",
-    "strategy_registry",
-    "strategy_schema",
-]
 
 
 # The fake world: large enough for the biggest mesh below.
@@ -89,94 +43,57 @@ WORLD_SIZE = 8
 # mix-up of mesh dims shows) and a 3-D mesh.
 MESH_SHAPES: tuple[tuple[int, ...], ...] = ((4,), (2, 2), (2, 4), (2, 2, 2))
 
+# 1-D, 2-D and 3-D meshes for per-op tests; all fit the fake world of 8 ranks.
+OP_MESHES: tuple[tuple[int, ...], ...] = ((4,), (2, 2), (2, 2, 2))
 
-_Case = TypeVar("_Case")
-
-
-def ops_by_registry(ops: Iterable[torch._ops.OpOverload]) -> dict[str | None, list[str]]:
-    """``ops`` grouped by the registry that answers each on this torch (``None``:
-    no registry), so a test can check its cases reach every registry without
-    naming where a release put each op."""
-    grouped: dict[str | None, list[str]] = {}
-    for op in ops:
-        grouped.setdefault(strategy_registry(op), []).append(str(op))
-    return grouped
+# Tests that compare with stock torch run it in another interpreter, named by this
+# variable when it is not the stock venv beside the running one.
+STOCK_PYTHON_ENV = "DTENSOR_STOCK_PYTHON"
 
 
-def planner_candidates(
-    mesh: DeviceMesh, meta: TensorMeta
-) -> list[tuple[Placement, ...]]:
-    """Every placement tuple a planner would consider for a tensor with ``meta``.
-
-    Per mesh dim: ``Replicate()``, ``Shard(d)`` for each tensor dim, and
-    ``Partial()`` for floating dtypes; tuples are taken in ``itertools.product``
-    order. A tuple is dropped when a tensor dim is split into more pieces than it
-    has elements, so that every rank holds a non-empty shard. The order is fixed,
-    which keeps strategy indices in failure messages stable.
-    """
-    per_dim: list[Placement] = [Replicate()]
-    per_dim += [Shard(d) for d in range(len(meta.shape))]
-    if meta.dtype.is_floating_point:
-        per_dim.append(Partial())
-    candidates = []
-    for combo in itertools.product(per_dim, repeat=mesh.ndim):
-        pieces = [1] * len(meta.shape)
-        for mesh_dim, p in enumerate(combo):
-            if isinstance(p, Shard):
-                pieces[p.dim] *= mesh.size(mesh_dim)
-        if all(n <= size for n, size in zip(pieces, meta.shape)):
-            candidates.append(combo)
-    return candidates
+def stock_python(fallback_venv: str) -> str | None:
+    """The stock torch interpreter: ``$DTENSOR_STOCK_PYTHON``, else the stock venv
+    beside the running one (``.venv`` -> ``.venv-stock``, ``.venv-2.14.1`` ->
+    ``.venv-2.14.1-stock``), else ``fallback_venv``'s; ``None`` if there is none."""
+    env = os.environ.get(STOCK_PYTHON_ENV)
+    if env:
+        return env
+    for venv in (sys.prefix + "-stock", fallback_venv):
+        candidate = os.path.join(venv, "bin", "python")
+        if os.path.exists(candidate):
+            return candidate
+    return None
 
 
-def registry_coverage(ops: Iterable[torch._ops.OpOverload]) -> dict[str, tuple[int, int]]:
-    """Per registry: how many of ``ops`` it answers for, and how many it holds.
-
-    The decomposition registry holds the ops with an explicit decomposition
-    that no other registry answers; ops with a CompositeImplicitAutograd kernel
-    reach it too, uncounted.
-    """
-    from torch._decomp import decomposition_table
-    from torch.distributed.tensor import DTensor
-
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    single_dim = set(propagator.op_single_dim_strategy_funcs)
-    strategies = set(propagator.op_strategy_funcs) - single_dim
-    registered = {
-        "single_dim": len(single_dim),
-        "op_strategy": len(strategies),
-        "decomposition": len(set(decomposition_table) - single_dim - strategies),
-    }
-    reached = dict.fromkeys(REGISTRIES, 0)
-    for op in ops:
-        registry = strategy_registry(op)
-        if registry is not None:
-            reached[registry] += 1
-    return {r: (reached[r], registered[r]) for r in REGISTRIES}
+def mesh_name(shape: tuple[int, ...]) -> str:
+    return "x".join(str(s) for s in shape)
 
 
-def _case_op(case: object) -> torch._ops.OpOverload:
-    op = case if isinstance(case, torch._ops.OpOverload) else case[0]  # type: ignore[index]
-    if not isinstance(op, torch._ops.OpOverload):
-        raise TypeError(f"a case is an OpOverload or a tuple starting with one, got {case!r}")
-    return op
+def short_dtype(dtype: torch.dtype) -> str:
+    return {
+        torch.float32: "f32",
+        torch.bfloat16: "bf16",
+        torch.float16: "f16",
+        torch.int64: "i64",
+        torch.int32: "i32",
+    }.get(dtype, str(dtype))
 
 
-def answered_by(registry: str, candidates: Sequence[_Case]) -> _Case:
-    """The first of ``candidates`` (ops, or tuples starting with the op) whose
-    op ``registry`` answers on this torch.
+def describe(spec: object) -> str:
+    """An output spec's metadata, for tables: dtype[shape]/stride, or None."""
+    if spec is None:
+        return "None"
+    if not isinstance(spec, DTensorSpec):
+        return type(spec).__name__
+    meta = spec.tensor_meta
+    if meta is None:
+        return "no meta"
+    return f"{short_dtype(meta.dtype)}{list(meta.shape)}/{tuple(meta.stride)}"
 
-    Releases move ops between registries; a test that needs an op of some kind
-    in a given registry lists the ones that would do, and skips, naming what this
-    torch lacks, when the registry answers none of them.
-    """
-    if registry not in REGISTRIES:
-        raise ValueError(f"unknown registry {registry!r}, expected one of {REGISTRIES}")
-    for case in candidates:
-        if strategy_registry(_case_op(case)) == registry:
-            return case
-    names = ", ".join(str(_case_op(c)) for c in candidates)
-    raise unittest.SkipTest(f"this torch's {registry} registry answers none of {names}")
+
+def output_tuple(spec: OpSpec) -> tuple[object, ...]:
+    out = spec.output_specs
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 class StrategyContractTestBase(TestCase):
@@ -240,156 +157,6 @@ class StrategyContractTestBase(TestCase):
                 + format_violations(violations)
             )
 
-
-# --------------------------------------------------------------------------------------
-# Per-op strategy queries: one op, three meshes, three ways of asking
-# --------------------------------------------------------------------------------------
-
-# 1-D, 2-D and 3-D meshes for per-op tests; all fit the fake world of 8 ranks.
-OP_MESHES: tuple[tuple[int, ...], ...] = ((4,), (2, 2), (2, 2, 2))
-# ``replicate``: every tensor input offers one replicated candidate (eager dispatch
-# of replicated DTensors); ``sharded``: one sharded candidate each (eager dispatch
-# of sharded DTensors); ``planner``: many candidates at once.
-QUERY_MODES = ("replicate", "sharded", "planner")
-
-# A planner query offers at most this many candidates per tensor input. All of
-# them would make 3-D queries of multi-input ops take seconds each; a fixed
-# sample still mixes Replicate, every Shard(d) and Partial across mesh dims.
-PLANNER_CANDIDATE_LIMIT = 12
-
-Candidates = Callable[[DeviceMesh, TensorMeta], Sequence[Sequence[Placement]]]
-
-
-# Tests that compare with stock torch run it in another interpreter, named by this
-# variable when it is not the stock venv beside the running one.
-STOCK_PYTHON_ENV = "DTENSOR_STOCK_PYTHON"
-
-
-def stock_python(fallback_venv: str) -> str | None:
-    """The stock torch interpreter: ``$DTENSOR_STOCK_PYTHON``, else the stock venv
-    beside the running one (``.venv`` -> ``.venv-stock``, ``.venv-2.14.1`` ->
-    ``.venv-2.14.1-stock``), else ``fallback_venv``'s; ``None`` if there is none."""
-    env = os.environ.get(STOCK_PYTHON_ENV)
-    if env:
-        return env
-    for venv in (sys.prefix + "-stock", fallback_venv):
-        candidate = os.path.join(venv, "bin", "python")
-        if os.path.exists(candidate):
-            return candidate
-    return None
-
-
-def mesh_name(shape: tuple[int, ...]) -> str:
-    return "x".join(str(s) for s in shape)
-
-
-def sharded_candidate(avoid: Sequence[int] = ()) -> Candidates:
-    """One evenly sharded candidate per input: mesh dim i shards the first
-    tensor dim from i on (cyclically, skipping ``avoid``) that divides evenly,
-    and replicates when none does."""
-
-    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
-        ndim = len(meta.shape)
-        pieces = [1] * ndim
-        placements: list[Placement] = []
-        for mesh_dim in range(mesh.ndim):
-            chosen: Placement = Replicate()
-            for k in range(ndim):
-                d = (mesh_dim + k) % ndim
-                n = pieces[d] * mesh.size(mesh_dim)
-                if d not in avoid and meta.shape[d] % n == 0:
-                    pieces[d] = n
-                    chosen = Shard(d)
-                    break
-            placements.append(chosen)
-        return [tuple(placements)]
-
-    return candidates
-
-
-def sampled_planner_candidates(
-    mesh: DeviceMesh, meta: TensorMeta
-) -> list[tuple[Placement, ...]]:
-    """``planner_candidates``, cut to a fixed sample of at most the limit.
-
-    The replicated candidate and an evenly sharded one are always kept, so a
-    planner query offers what both runtime queries offer (unless they avoid dims).
-    """
-    everything = planner_candidates(mesh, meta)
-    if len(everything) <= PLANNER_CANDIDATE_LIMIT:
-        return everything
-    keep = {everything[0], *map(tuple, sharded_candidate()(mesh, meta))}
-    rest = [c for c in everything if c not in keep]
-    picked = set(random.Random(len(everything)).sample(rest, PLANNER_CANDIDATE_LIMIT - len(keep)))
-    return [c for c in everything if c in keep or c in picked]
-
-
-def mode_candidates(mode: str, avoid: Sequence[int] = ()) -> Candidates:
-    """The candidates of ``mode``. ``avoid`` lists tensor dims the ``sharded``
-    mode leaves alone, because the op refuses them at runtime (e.g. the dim
-    ``unbind`` removes); a planner query offers them anyway and the strategy
-    must drop them, not fail."""
-    if mode == "replicate":
-        return replicated_candidate
-    if mode == "sharded":
-        return sharded_candidate(avoid)
-    if mode == "planner":
-        return sampled_planner_candidates
-    raise ValueError(mode)
-
-
-def short_dtype(dtype: torch.dtype) -> str:
-    return {
-        torch.float32: "f32",
-        torch.bfloat16: "bf16",
-        torch.float16: "f16",
-        torch.int64: "i64",
-        torch.int32: "i32",
-    }.get(dtype, str(dtype))
-
-
-def describe(spec: object) -> str:
-    """An output spec's metadata, for tables: dtype[shape]/stride, or None."""
-    if spec is None:
-        return "None"
-    if not isinstance(spec, DTensorSpec):
-        return type(spec).__name__
-    meta = spec.tensor_meta
-    if meta is None:
-        return "no meta"
-    return f"{short_dtype(meta.dtype)}{list(meta.shape)}/{tuple(meta.stride)}"
-
-
-def output_tuple(spec: OpSpec) -> tuple[object, ...]:
-    out = spec.output_specs
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
-class StrategyOpsTestBase(StrategyContractTestBase):
-    """Base class for per-op tests: query an op in a mode, hold the answer to the
-    contract, and compare or tabulate its output metas."""
-
-
-    def query(
-        self,
-        shape: tuple[int, ...],
-        mode: str,
-        op: torch._ops.OpOverload,
-        args: Sequence[object],
-        kwargs: dict[str, object] | None = None,
-        avoid: Sequence[int] = (),
-    ) -> tuple[OpSchema, StrategyType]:
-        """Query ``op``'s strategy in ``mode`` and assert the contract on it."""
-        mesh = self.mesh(shape)
-        schema = strategy_schema(mesh, op, args, kwargs, mode_candidates(mode, avoid))
-        strategy = query_strategy(schema, mesh)
-        self.assertIsNotNone(
-            strategy,
-            f"{op} ({strategy_registry(op)}) gave no strategy for a {mode} query",
-        )
-        self.assert_contract(schema, strategy)
-        return schema, strategy
-
     def specs_of(self, strategy: StrategyType) -> list[OpSpec]:
         self.assertIsInstance(strategy, OpStrategy)
         self.assertGreater(len(strategy.strategies), 0)
@@ -416,7 +183,10 @@ class StrategyOpsTestBase(StrategyContractTestBase):
         return xs, [torch.randn_like(t) for t in xs]
 
     def assert_children(
-        self, strategy: StrategyType, expected: Sequence[TensorMeta | None], n_inputs: int
+        self,
+        strategy: StrategyType,
+        expected: Sequence[TensorMeta | None],
+        n_inputs: int,
     ) -> None:
         """A TupleStrategy with one child per element: ``expected`` output metas,
         ``n_inputs`` input specs each."""
@@ -428,94 +198,3 @@ class StrategyOpsTestBase(StrategyContractTestBase):
                 self.assert_output_metas(child, [meta])
                 for spec in self.specs_of(child):
                     self.assertEqual(len(spec.input_specs or ()), n_inputs)
-
-    def output_table(
-        self, cases: Sequence[tuple[str, torch._ops.OpOverload, tuple, dict]]
-    ) -> str:
-        """Query every case on every mesh in every mode (asserting the contract)
-        and tabulate, per case and output position, the distinct output metas
-        found across all OpSpecs; one entry per cell means every spec agrees."""
-        rows = []
-        for label, op, args, kwargs in cases:
-            cells: list[list[str]] = []
-            for shape in OP_MESHES:
-                for mode in QUERY_MODES:
-                    with self.subTest(case=label, mesh=shape, mode=mode):
-                        _, strategy = self.query(shape, mode, op, args, kwargs)
-                        for spec in self.specs_of(strategy):
-                            for pos, out in enumerate(output_tuple(spec)):
-                                while len(cells) <= pos:
-                                    cells.append([])
-                                text = describe(out)
-                                if text not in cells[pos]:
-                                    cells[pos].append(text)
-            rows.append(f"{label}: " + " | ".join(" / ".join(c) for c in cells))
-        return "\n".join(rows)
-
-
-# --------------------------------------------------------------------------------------
-# Attention kernels, which OpInfo samples on CPU never reach
-# --------------------------------------------------------------------------------------
-
-
-Call = tuple[torch._ops.OpOverload, tuple[object, ...], dict[str, object]]
-
-
-def attention_calls(
-    batch: int = 4, heads: int = 4, seq: int = 8, head_dim: int = 16
-) -> dict[torch._ops.OpOverload, Call]:
-    """One call of each fused attention kernel and of its backward, tensors as metas.
-
-    ``scaled_dot_product_attention`` on CPU only reaches the CPU flash kernel, so
-    no OpInfo sample calls the CUDA kernels DTensor has strategies for. Their
-    meta kernels run on fake CPU tensors: the forward calls run there, and each
-    backward call gets the forward's real results (the padded ``logsumexp``, the
-    RNG state), as autograd would pass them. Only the ops this torch has appear.
-    """
-    from torch._subclasses import FakeTensorMode
-
-    aten = torch.ops.aten
-    calls: dict[torch._ops.OpOverload, Call] = {}
-
-    def metas(x: object) -> object:
-        if isinstance(x, torch.Tensor):
-            return meta_of(x)
-        if isinstance(x, (list, tuple)):
-            return type(x)(metas(e) for e in x)
-        return x
-
-    def add(op: torch._ops.OpOverload, *args: object) -> tuple[object, ...]:
-        calls[op] = (op, cast(tuple[object, ...], metas(args)), {})
-        return cast(tuple[object, ...], op(*args))
-
-    with FakeTensorMode():
-        q, k, v, grad = (torch.randn(batch, heads, seq, head_dim) for _ in range(4))
-        bias = torch.randn(batch, heads, seq, seq)
-        out, lse, seed, offset = add(
-            aten._scaled_dot_product_efficient_attention.default, q, k, v, bias, True
-        )
-        add(
-            aten._scaled_dot_product_efficient_attention_backward.default,
-            grad, q, k, v, bias, out, lse, seed, offset, 0.0, [True, True, True, True],
-        )
-        out, lse, cum_q, cum_k, max_q, max_k, rng, unused, _ = add(
-            aten._scaled_dot_product_flash_attention.default, q, k, v
-        )
-        add(
-            aten._scaled_dot_product_flash_attention_backward.default,
-            grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, False, rng, unused,
-        )
-        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = add(
-            aten._scaled_dot_product_cudnn_attention.default, q, k, v, None, True
-        )
-        add(
-            aten._scaled_dot_product_cudnn_attention_backward.default,
-            grad, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k,
-            0.0, False,
-        )
-        out, lse = add(aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v)
-        add(
-            aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-            grad, q, k, v, out, lse, 0.0, False,
-        )
-    return calls

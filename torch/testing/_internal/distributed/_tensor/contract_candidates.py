@@ -1,0 +1,270 @@
+# Copyright (c) Meta Platforms, Inc. and affiliates
+# Owner(s): ["oncall: distributed"]
+"""
+Input strategies and candidate placements for strategy queries.
+
+A strategy function sees each tensor input as an ``OpStrategy`` of candidate
+placements: one (eager dispatch) or many (a planner). The contract tests, the
+contract mode of ``strategy_validation`` and the audit build those candidates
+here, so every caller offers the same ones. Nothing here asks DTensor a
+question; the module is loaded by path into an unpatched torch as well.
+"""
+
+import itertools
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+)
+
+
+def meta_of(tensor: torch.Tensor) -> TensorMeta:
+    """The global ``TensorMeta`` of ``tensor``, as DTensor records it on a spec."""
+    return TensorMeta(shape=tensor.shape, stride=tensor.stride(), dtype=tensor.dtype)
+
+
+def op_strategy(
+    mesh: DeviceMesh, meta: TensorMeta, *placements: Sequence[Placement]
+) -> OpStrategy:
+    """An input strategy: one candidate ``OpSpec`` per placement tuple.
+
+    Candidates carry only an output spec, like the input strategies DTensor puts in
+    a strategy schema. With no placements the input has a single, replicated
+    candidate, which is what eager dispatch hands a strategy function.
+    """
+    if not placements:
+        placements = ((Replicate(),) * mesh.ndim,)
+    specs = []
+    for p in placements:
+        if len(p) != mesh.ndim:
+            raise ValueError(f"placements {p} do not match a {mesh.ndim}-D mesh")
+        specs.append(OpSpec(DTensorSpec(mesh, tuple(p), tensor_meta=meta)))
+    return OpStrategy(specs)
+
+
+def replicated_candidate(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """The single candidate eager dispatch offers for a replicated input."""
+    return [(Replicate(),) * mesh.ndim]
+
+
+# Chooses the candidate placements of one tensor input of a strategy schema.
+CandidateFunc = Callable[[DeviceMesh, TensorMeta], Sequence[Sequence[Placement]]]
+
+# ``replicate``: every tensor input offers one replicated candidate (eager dispatch
+# of replicated DTensors); ``sharded``: one sharded candidate each (eager dispatch
+# of sharded DTensors); ``planner``: many candidates at once.
+QUERY_MODES = ("replicate", "sharded", "planner")
+
+# A planner query offers at most this many candidates per tensor input. All of
+# them would make 3-D queries of multi-input ops take seconds each; a fixed
+# sample still mixes Replicate, every Shard(d) and Partial across mesh dims.
+PLANNER_CANDIDATE_LIMIT = 12
+
+
+def planner_candidates(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """Every placement tuple a planner would consider for a tensor with ``meta``.
+
+    Per mesh dim: ``Replicate()``, ``Shard(d)`` for each tensor dim, and
+    ``Partial()`` for floating dtypes; tuples are taken in ``itertools.product``
+    order. A tuple is dropped when a tensor dim is split into more pieces than it
+    has elements, so that every rank holds a non-empty shard. The order is fixed,
+    which keeps strategy indices in failure messages stable.
+    """
+    per_dim: list[Placement] = [Replicate()]
+    per_dim += [Shard(d) for d in range(len(meta.shape))]
+    if meta.dtype.is_floating_point:
+        per_dim.append(Partial())
+    candidates = []
+    for combo in itertools.product(per_dim, repeat=mesh.ndim):
+        pieces = [1] * len(meta.shape)
+        for mesh_dim, p in enumerate(combo):
+            if isinstance(p, Shard):
+                pieces[p.dim] *= mesh.size(mesh_dim)
+        if all(n <= size for n, size in zip(pieces, meta.shape)):
+            candidates.append(combo)
+    return candidates
+
+
+def sharded_candidate(avoid: Sequence[int] = ()) -> CandidateFunc:
+    """One evenly sharded candidate per input: mesh dim i shards the first
+    tensor dim from i on (cyclically, skipping ``avoid``) that divides evenly,
+    and replicates when none does."""
+
+    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
+        ndim = len(meta.shape)
+        pieces = [1] * ndim
+        placements: list[Placement] = []
+        for mesh_dim in range(mesh.ndim):
+            chosen: Placement = Replicate()
+            for k in range(ndim):
+                d = (mesh_dim + k) % ndim
+                n = pieces[d] * mesh.size(mesh_dim)
+                if d not in avoid and meta.shape[d] % n == 0:
+                    pieces[d] = n
+                    chosen = Shard(d)
+                    break
+            placements.append(chosen)
+        return [tuple(placements)]
+
+    return candidates
+
+
+def sampled_planner_candidates(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """``planner_candidates``, cut to a fixed sample of at most the limit.
+
+    The replicated candidate and an evenly sharded one are always kept, so a
+    planner query offers what both runtime queries offer (unless they avoid dims).
+    """
+    everything = planner_candidates(mesh, meta)
+    if len(everything) <= PLANNER_CANDIDATE_LIMIT:
+        return everything
+    keep = {everything[0], *map(tuple, sharded_candidate()(mesh, meta))}
+    rest = [c for c in everything if c not in keep]
+    picked = set(
+        random.Random(len(everything)).sample(rest, PLANNER_CANDIDATE_LIMIT - len(keep))
+    )
+    return [c for c in everything if c in keep or c in picked]
+
+
+def mode_candidates(mode: str, avoid: Sequence[int] = ()) -> CandidateFunc:
+    """The candidates of ``mode``. ``avoid`` lists tensor dims the ``sharded``
+    mode leaves alone, because the op refuses them at runtime (e.g. the dim
+    ``unbind`` removes); a planner query offers them anyway and the strategy
+    must drop them, not fail."""
+    if mode == "replicate":
+        return replicated_candidate
+    if mode == "sharded":
+        return sharded_candidate(avoid)
+    if mode == "planner":
+        return sampled_planner_candidates
+    raise ValueError(mode)
+
+
+def capped_candidates(limit: int) -> CandidateFunc:
+    """Planner candidates, at most ``limit`` per tensor input.
+
+    Strategy expansion costs grow with the product of the inputs' candidate
+    counts, so a sweep cannot offer every placement tuple. It still offers what
+    strategies treat differently: all-``Replicate`` first, an evenly dividing
+    ``Shard``, ``Partial`` for floating dtypes, then tuples picked greedily for
+    the (mesh dim, placement) pairs they add, so that every mesh dim gets
+    sharded. Every rank holds a non-empty shard, and the choice is
+    deterministic, which keeps failure messages stable.
+    """
+    cache: dict[tuple[object, ...], list[tuple[Placement, ...]]] = {}
+
+    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
+        key = (tuple(mesh.shape), tuple(meta.shape), meta.dtype)
+        if key not in cache:
+            cache[key] = _capped_candidates(mesh, meta, limit)
+        return cache[key]
+
+    return candidates
+
+
+def _mesh_dim_options(
+    mesh: DeviceMesh, meta: TensorMeta, partials: Sequence[str] = ("sum",)
+) -> list[list[Placement]]:
+    """Per mesh dim, the placements a candidate may take there: ``Replicate()``,
+    ``Shard(d)`` for each tensor dim at least as long as the mesh dim, and
+    ``Partial(k)`` for each kind of ``partials`` for floating and complex dtypes."""
+    options: list[list[Placement]] = []
+    for mesh_dim in range(mesh.ndim):
+        opts: list[Placement] = [Replicate()]
+        opts += [Shard(d) for d, n in enumerate(meta.shape) if n >= mesh.size(mesh_dim)]
+        if meta.dtype.is_floating_point or meta.dtype.is_complex:
+            opts += [Partial(k) for k in partials]
+        options.append(opts)
+    return options
+
+
+def _capped_candidates(
+    mesh: DeviceMesh, meta: TensorMeta, limit: int
+) -> list[tuple[Placement, ...]]:
+    options = _mesh_dim_options(mesh, meta)
+
+    def pieces(combo: tuple[int, ...]) -> list[int]:
+        n = [1] * len(meta.shape)
+        for mesh_dim, i in enumerate(combo):
+            p = options[mesh_dim][i]
+            if isinstance(p, Shard):
+                n[p.dim] *= mesh.size(mesh_dim)
+        return n
+
+    # Tuples of indices into options; fewest non-Replicate mesh dims first, then
+    # leading mesh dims first.
+    combos = sorted(
+        (
+            c
+            for c in itertools.product(*(range(len(o)) for o in options))
+            if all(k == 1 or k <= n for k, n in zip(pieces(c), meta.shape))
+        ),
+        key=lambda c: (sum(i != 0 for i in c), c[::-1]),
+    )
+
+    def even_shard(combo: tuple[int, ...]) -> bool:
+        split = pieces(combo)
+        return any(k > 1 for k in split) and all(
+            n % k == 0 for n, k in zip(meta.shape, split)
+        )
+
+    def partial(combo: tuple[int, ...]) -> bool:
+        return any(isinstance(options[d][i], Partial) for d, i in enumerate(combo))
+
+    chosen = [combos[0]]
+    for wanted in (even_shard, partial):
+        hit = next((c for c in combos if wanted(c)), None)
+        if hit is not None and hit not in chosen:
+            chosen.append(hit)
+    seen = {(d, i) for c in chosen for d, i in enumerate(c)}
+    while len(chosen) < min(limit, len(combos)):
+        best = max(
+            (c for c in combos if c not in chosen),
+            key=lambda c: sum((d, i) not in seen for d, i in enumerate(c)),
+        )
+        chosen.append(best)
+        seen.update(enumerate(best))
+    chosen = sorted(chosen[:limit], key=combos.index)
+    return [tuple(options[d][i] for d, i in enumerate(c)) for c in chosen]
+
+
+def first_candidates(limit: int, partials: Sequence[str] = ("sum",)) -> CandidateFunc:
+    """Planner candidates in a fixed order, the first ``limit`` per tensor input.
+
+    Per mesh dim the options are ``Replicate()``, ``Shard(d)`` for each tensor
+    dim at least as long as the mesh dim, and ``Partial(k)`` per kind of
+    ``partials`` for floating and complex dtypes (a planner's inputs are partial
+    in every kind their producers' rules name). Tuples with fewer
+    non-``Replicate`` mesh dims come first (all-``Replicate``, then each single
+    sharding, then combinations), ties in option order. Unlike
+    :func:`capped_candidates`, tuples that split a dim into more pieces than it
+    has elements stay in: a planner may offer them, and strategies must answer
+    for uneven and empty shards. Large limits reach every single-dim placement,
+    which is what a wide audit wants.
+    """
+    if limit < 1:
+        raise ValueError(f"first_candidates needs a limit of at least 1, got {limit}")
+
+    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
+        options = _mesh_dim_options(mesh, meta, partials)
+        combos = sorted(
+            itertools.product(*(range(len(o)) for o in options)),
+            key=lambda c: (sum(i != 0 for i in c), c),
+        )
+        return [tuple(options[d][i] for d, i in enumerate(c)) for c in combos[:limit]]
+
+    return candidates
