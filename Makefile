@@ -59,7 +59,7 @@ test: build
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tools/test
 
 audit: build
-	$(foreach r,$(RELEASE_LIST),$(VENV)/bin/python -m tools.audit --parity --stock-python $(call stock_python,$(r)) --built-python $(call built_python,$(r)) --report-name audit$(call rel_suffix,$(r)) --build-dir .build/audit$(call rel_suffix,$(r)) $(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)") &&) true
+	$(foreach r,$(RELEASE_LIST),$(VENV)/bin/python -m tools.audit --stock-python $(call stock_python,$(r)) --built-python $(call built_python,$(r)) --report-name audit$(call rel_suffix,$(r)) --build-dir .build/audit$(call rel_suffix,$(r)) $(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)") &&) true
 
 bench: build
 	$(foreach r,$(RELEASE_LIST),$(VENV)/bin/python -m tools.bench --stock-python $(call stock_python,$(r)) --built-python $(call built_python,$(r)) --out reports/bench$(call rel_suffix,$(r)).json --work-dir .build/bench$(call rel_suffix,$(r)) $(if $(STRICT),--strict) $(if $(BENCH),--bench "$(BENCH)") $(if $(REPEATS),--repeats $(REPEATS)) $(if $(QUICK),--quick) $(if $(CLOCK),--clock $(CLOCK)) &&) true

@@ -1,24 +1,15 @@
 """Does DTensor's planner answer hold every strategy a planner's own expansion finds?
 
-A planner that wants every way to run an op (autoparallel's
-``_try_single_dim_strategy`` is one) takes the op's single-dim rule from
-``ShardingPropagator.op_single_dim_strategy_funcs`` and expands it itself: it
-calls the rule on the inputs' metas, adds the all-``Replicate`` rule, turns each
-``_ShardingPlaceholder`` into ``Shard`` (and into ``_StridedShard`` for the split
-factors its inputs' candidates carry) and hands the rules to
-``expand_to_full_mesh_op_strategy`` with the query's input strategies. If
-DTensor's own answer, ``ShardingPropagator.get_op_strategy`` on the same schema,
-lacks a strategy that expansion finds, the planner has to keep its expansion.
+A planner wanting every way to run an op (autoparallel's ``_try_single_dim_strategy``
+is one) takes the op's rule from ``ShardingPropagator.op_single_dim_strategy_funcs``
+and expands it itself (``contract_sweep.author_rules``, then
+``expand_to_full_mesh_op_strategy`` over the query's input strategies). Whatever that
+finds and ``get_op_strategy`` on the same schema lacks, the planner must keep its own
+expansion for. Each such strategy is ``missing``, or not valid for the op with the
+reason the rule's registration gives (which the expansion does not read). Built torch
+only: stock has no ``get_op_strategy``::
 
-:func:`compare` judges one schema: each strategy the planner's expansion finds
-and DTensor's answer lacks is either ``missing`` or ``not valid for the op:
-<reason>``, the reason being what the rule's registration says (an in-place op's
-``self`` cannot be redistributed, the rule's full-mesh filter, unbacked dims the
-rule does not shard), which that expansion does not read. :func:`compare_calls`
-sums it up over captured calls; the audit's worker runs it on the built torch
-(stock torch has no planner entry point, nor the helpers used here)::
-
-    python -m tools.audit --only built --ops view_as_complex --full-space audit,few,replicated,partials
+    python -m tools.audit --only built --ops view_as_complex --full-space audit,replicated,partials
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from typing import Any, cast, TYPE_CHECKING
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from torch._ops import OpOverload
     from torch.distributed.device_mesh import DeviceMesh
@@ -37,21 +28,20 @@ if TYPE_CHECKING:
 
 
 NOT_VALID = "not valid for the op: "
+_FOREACH_PREFIXES = ("aten::_foreach_", "aten::_amp_foreach_", "aten::_fused_")
 
-# One spec's placements by name, or None for no spec.
+# One spec's placements by name (None: no spec); a strategy is its results' and inputs' placements.
 Placed = tuple[str, ...] | None
-# (per result its placements, None where the op returns None; per input its placements)
 StrategyKey = tuple[tuple[Placed, ...], tuple[Placed, ...]]
 
 
 @dataclass
 class Comparison:
-    """One schema compared: sizes of both answers, and the strategies the planner's
-    expansion finds that DTensor's answer lacks, missing or not valid (with why)."""
+    """One schema: both answers' sizes, and what the expansion finds that DTensor's answer lacks."""
 
     op: str
-    dtensor: int
-    planner: int
+    dtensor: int = 0
+    planner: int = 0
     missing: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
 
@@ -63,30 +53,21 @@ def _propagator() -> Any:
 
 
 def _placements(spec: Any) -> Placed:
-    # By name: a _MaskPartial equals only itself (its mask buffer is compared by
-    # identity), so two expansions' equal placements would never match; the names
-    # carry every field but the buffer (reduce op, split factor, offsets).
+    # By name: a _MaskPartial equals only itself (its mask buffer compares by identity),
+    # while the name carries every other field (reduce op, split factor, offsets).
     return None if spec is None else tuple(str(p) for p in spec.placements)
 
 
-def strategy_key(spec: OpSpec, returned: Sequence[bool] | None = None) -> StrategyKey:
-    """What tells two strategies apart: every result's and every input's placements.
-
-    ``returned`` says, per result position, whether the op returns a tensor
-    there; positions it does not are keyed ``None`` whatever the spec holds.
-    """
+def strategy_key(spec: OpSpec, returned: Sequence[bool]) -> StrategyKey:
+    """Every result's and input's placements; a result the op does not return is ``None``."""
     outs = spec.output_specs
     results = outs if isinstance(outs, tuple) else (outs,)
-    inputs = spec.input_specs or ()
-    placed = tuple(
-        None if returned is not None and not (i < len(returned) and returned[i]) else _placements(o)
-        for i, o in enumerate(results)
-    )
-    return placed, tuple(_placements(i) for i in inputs)
+    placed = tuple(_placements(o) if i < len(returned) and returned[i] else None for i, o in enumerate(results))
+    return placed, tuple(_placements(i) for i in spec.input_specs or ())
 
 
 def _returned(metas: object) -> list[bool]:
-    """Per result position, whether the op returns a tensor there (from its metas)."""
+    """Per result position, whether the op returns a tensor there."""
     from torch.distributed.tensor._dtensor_spec import TensorMeta
 
     if metas is None:
@@ -100,116 +81,70 @@ def describe(key: StrategyKey) -> str:
     def one(p: Placed) -> str:
         return "None" if p is None else "(" + ", ".join(p) + ")"
 
-    outs, ins = key
-    return f"{', '.join(one(o) for o in outs)} <- {', '.join(one(i) for i in ins)}"
+    return f"{', '.join(map(one, key[0]))} <- {', '.join(map(one, key[1]))}"
 
 
-def planner_expansion(
-    op_schema: OpSchema, mesh: DeviceMesh, metas: object, info: Any
-) -> OpStrategy:
-    """The op's single-dim rule expanded by a planner over the query's candidates.
-
-    The rules as ``contract_sweep.author_rules`` resolves them: none of what the
-    rule's registration adds (its full-mesh filter, in-place or uneven-sharding
-    handling), which a planner calling the utility does not read.
-    """
+def planner_expansion(op_schema: OpSchema, mesh: DeviceMesh, metas: object, info: Any) -> OpStrategy:
+    """The rule as a planner calling the utility expands it: without what its registration adds."""
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
     from torch.testing._internal.distributed._tensor.contract_sweep import author_rules
 
     rules, n_outputs = author_rules(op_schema, info, _returned(metas))
     return expand_to_full_mesh_op_strategy(
-        mesh, op_schema, cast(Any, rules), input_index=n_outputs, output_tensor_meta=cast(Any, metas)
-    )
+        mesh, op_schema, cast(Any, rules), input_index=n_outputs, output_tensor_meta=cast(Any, metas))
 
 
-def why_not_valid(
-    op_schema: OpSchema, mesh: DeviceMesh, spec: OpSpec, info: Any, inplace: bool
-) -> str | None:
-    """Why ``spec`` is not a valid strategy for the op, from its rule's registration.
+def why_not_valid(op_schema: OpSchema, mesh: DeviceMesh, spec: OpSpec, info: Any, inplace: bool) -> str | None:
+    """Why the rule's registration rules ``spec`` out (``None``: it does not).
 
-    ``None`` if the registration allows it. What is read: an in-place op's
-    ``self`` (and so its result) must keep a placement it has (in-place from the
-    schema, as the built torch's planner path reads it), whether the rule shards dims of
-    unbacked size, and the rule's full-mesh filter.
+    It reads what the expansion does not: an in-place op's ``self`` (so its result)
+    keeps a placement it has, unbacked dims the rule does not shard, its full-mesh filter.
     """
     from torch.distributed.tensor._ops.utils import is_tensor_shardable
 
     inputs = list(spec.input_specs or ())
     if inplace and inputs:
-        own = [c.output_spec.placements for c in op_schema.args_strategy[0].strategies]
-        if inputs[0].placements not in own:
+        if inputs[0].placements not in [c.output_spec.placements for c in op_schema.args_strategy[0].strategies]:
             return "in-place: self would need a placement it has not got (it cannot be redistributed)"
         out = spec.output_specs
         first = out[0] if isinstance(out, tuple) else out
         if first is not None and first.placements != inputs[0].placements:
             return "in-place: the result is self, yet placed differently"
-    sources = [*op_schema.args_strategy, *op_schema.kwargs_strategy]
     if info.allow_unbacked_sharding is not None:
+        sources = [*op_schema.args_strategy, *op_schema.kwargs_strategy]
         for src, target in zip(sources, inputs):
-            if not is_tensor_shardable(
-                src.shape, target, allow_unbacked_sharding=info.allow_unbacked_sharding
-            ):
+            if not is_tensor_shardable(src.shape, target, allow_unbacked_sharding=info.allow_unbacked_sharding):
                 return "shards a dim of unbacked size, which the rule does not allow"
-    # torch 2.13.0's registrations have no full-mesh filter
-    flt = getattr(info, "full_mesh_strategy_filter", None)
-    if flt is not None and spec.output_specs is not None:
-        if not flt(mesh, op_schema, inputs, spec.output_specs):
-            return f"rejected by the rule's full-mesh filter {getattr(flt, '__name__', flt)}"
+    flt = getattr(info, "full_mesh_strategy_filter", None)  # torch 2.13.0's registrations have none
+    if flt is not None and spec.output_specs is not None and not flt(mesh, op_schema, inputs, spec.output_specs):
+        return f"rejected by the rule's full-mesh filter {getattr(flt, '__name__', flt)}"
     return None
 
 
-_FOREACH_PREFIXES = ("aten::_foreach_", "aten::_amp_foreach_", "aten::_fused_")
-
-
-def _is_list_op(op_schema: OpSchema) -> bool:
-    """Whether DTensor expands ``op_schema`` element by element (foreach, fused optimizers)."""
-    from torch.distributed.tensor._op_schema import TupleStrategy
-
-    return op_schema.op.name().startswith(_FOREACH_PREFIXES) and any(
-        isinstance(a, TupleStrategy) for a in op_schema.args_schema
-    )
-
-
 def _element_schema(op_schema: OpSchema, index: int) -> OpSchema:
-    """Element ``index`` of a foreach-like schema, as a planner expands it.
-
-    List arguments are reduced to their ``index``-th element and the op to the
-    one-tensor overload the foreach op applies (DTensor's own translation), so
-    the rule reasons about one tensor at a time.
-    """
+    """Element ``index`` of a foreach-like schema, on the one-tensor overload DTensor translates it to."""
     from torch.distributed.tensor._op_schema import OpSchema, TupleStrategy
-    from torch.distributed.tensor._ops.single_dim_strategy import (
-        _resolve_foreach_elementwise_overload,
-    )
+    from torch.distributed.tensor._ops.single_dim_strategy import _resolve_foreach_elementwise_overload
 
     args = tuple(a.children[index] if isinstance(a, TupleStrategy) else a for a in op_schema.args_schema)
-    op = _resolve_foreach_elementwise_overload(op_schema.op) or op_schema.op
-    return OpSchema(op, args, op_schema.kwargs_schema)
+    return OpSchema(_resolve_foreach_elementwise_overload(op_schema.op) or op_schema.op, args, op_schema.kwargs_schema)
 
 
-def _gaps(
-    result: Comparison,
-    answer: Any,
-    own: OpStrategy,
-    schema: OpSchema,
-    mesh: DeviceMesh,
-    info: Any,
-    inplace: bool,
-    metas: object,
-    where: str = "",
-) -> None:
+def _gaps(result: Comparison, answer: Any, schema: OpSchema, mesh: DeviceMesh, info: Any, inplace: bool,
+          metas: object, where: str = "") -> None:
     from torch.distributed.tensor._op_schema import OpStrategy
 
     if not isinstance(answer, OpStrategy):
         raise TypeError(f"{schema.op}{where}: expected an OpStrategy, got {type(answer).__name__}")
+    own = planner_expansion(schema, mesh, metas, info)
     returned = _returned(metas)
     have = {strategy_key(s, returned) for s in answer.strategies}
     result.dtensor += len(have)
     result.planner += len(own.strategies)
-    seen: set[StrategyKey] = set()
+    seen = set(have)
     for spec in own.strategies:
         key = strategy_key(spec, returned)
-        if key in have or key in seen:
+        if key in seen:
             continue
         seen.add(key)
         reason = why_not_valid(schema, mesh, spec, info, inplace)
@@ -220,19 +155,14 @@ def _gaps(
 
 
 def compare(op_schema: OpSchema, mesh: DeviceMesh | None = None) -> Comparison:
-    """DTensor's planner answer for ``op_schema`` against a planner's own expansion.
+    """DTensor's planner answer for a strategy schema against a planner's own expansion.
 
-    ``op_schema`` is a strategy schema (tensor inputs are ``OpStrategy``s, with
-    any number of candidates) of an op with a registered single-dim rule; a
-    foreach-like op is compared element by element. Raises ``ValueError`` for an
-    op without a single-dim rule.
+    Foreach-like ops are compared element by element; an op without a single-dim
+    rule raises ``ValueError``.
     """
     from torch.distributed.tensor._op_schema import TupleStrategy
     from torch.distributed.tensor._ops.single_dim_strategy import _writes_first_argument
-    from torch.distributed.tensor._ops.strategy_contract import (
-        element_output_metas,
-        infer_output_metas,
-    )
+    from torch.distributed.tensor._ops.strategy_contract import element_output_metas, infer_output_metas
 
     op = op_schema.op
     info = _propagator().op_single_dim_strategy_funcs.get(op)
@@ -243,19 +173,17 @@ def compare(op_schema: OpSchema, mesh: DeviceMesh | None = None) -> Comparison:
     inplace = _writes_first_argument(op)
     metas = infer_output_metas(op_schema)
     answer = _propagator().get_op_strategy(op_schema)
-    result = Comparison(str(op), 0, 0)
-    if not _is_list_op(op_schema):
-        own = planner_expansion(op_schema, mesh, metas, info)
-        _gaps(result, answer, own, op_schema, mesh, info, inplace, metas)
+    result = Comparison(str(op))
+    is_list = op.name().startswith(_FOREACH_PREFIXES) and any(isinstance(a, TupleStrategy) for a in op_schema.args_schema)
+    if not is_list:
+        _gaps(result, answer, op_schema, mesh, info, inplace, metas)
         return result
     if not isinstance(answer, TupleStrategy):
         raise TypeError(f"{op}: expected a TupleStrategy, got {type(answer).__name__}")
     for index, child in enumerate(answer.children):
-        element = _element_schema(op_schema, index)
-        # None for an in-place foreach op, which returns nothing
-        element_metas = element_output_metas(op, metas, index)
-        own = planner_expansion(element, mesh, element_metas, info)
-        _gaps(result, child, own, element, mesh, info, inplace, element_metas, f"element {index}: ")
+        # element metas are None for an in-place foreach op, which returns nothing
+        _gaps(result, child, _element_schema(op_schema, index), mesh, info, inplace,
+              element_output_metas(op, metas, index), f"element {index}: ")
     return result
 
 
@@ -266,7 +194,6 @@ class Summary:
     ops: set[str] = field(default_factory=set)
     schemas: int = 0
     missing: Counter[str] = field(default_factory=Counter)
-    invalid: Counter[str] = field(default_factory=Counter)
     reasons: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
     not_compared: dict[str, str] = field(default_factory=dict)
@@ -276,24 +203,15 @@ class Summary:
         self.ops.add(c.op)
         self.schemas += 1
         self.missing[c.op] += len(c.missing)
-        self.invalid[c.op] += len(c.invalid)
         self.reasons.update(c.invalid)
         if c.missing and len(self.examples.setdefault(c.op, [])) < 3:
-            self.examples[c.op].append(
-                f"{where}: DTensor {c.dtensor}, planner {c.planner}; missing e.g. {c.missing[0]}"
-            )
+            self.examples[c.op].append(f"{where}: DTensor {c.dtensor}, planner {c.planner}; missing e.g. {c.missing[0]}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "ops_compared": len(self.ops),
-            "schemas_compared": self.schemas,
-            "missing": sum(self.missing.values()),
-            "ops_missing": sorted(op for op, n in self.missing.items() if n),
-            "invalid_with_reason": dict(self.reasons),
-            "examples": self.examples,
-            "not_compared": self.not_compared,
-            "errors": self.errors,
-        }
+        return {"ops_compared": len(self.ops), "schemas_compared": self.schemas, "missing": sum(self.missing.values()),
+                "ops_missing": sorted(op for op, n in self.missing.items() if n),
+                "invalid_with_reason": dict(self.reasons), "examples": self.examples,
+                "not_compared": self.not_compared, "errors": self.errors}
 
 
 def _signature(op: OpOverload) -> tuple[tuple[str, str, bool], ...]:
@@ -301,33 +219,23 @@ def _signature(op: OpOverload) -> tuple[tuple[str, str, bool], ...]:
 
 
 def borrowed_calls(calls: Mapping[OpOverload, Sequence[Any]]) -> dict[OpOverload, list[Any]]:
-    """Calls for the ops with a single-dim rule that ``calls`` lacks.
+    """Calls for the single-dim ops no sample reaches, from the captured ops of the same signature.
 
-    Such an op takes the calls of the ops of ``calls`` with the same signature
-    (argument names, types, keyword-onliness): OpInfo samples call
-    ``bitwise_xor.Tensor``, never ``__xor__.Tensor``.
+    OpInfo samples call ``bitwise_xor.Tensor``, never ``__xor__.Tensor``: the latter
+    is asked with the former's arguments.
     """
     by_signature: dict[object, list[Any]] = {}
     for op in sorted(calls, key=str):
         by_signature.setdefault(_signature(op), []).extend(calls[op][:1])
-    return {
-        op: by_signature[_signature(op)]
-        for op in sorted(_propagator().op_single_dim_strategy_funcs, key=str)
-        if op not in calls and _signature(op) in by_signature
-    }
+    return {op: by_signature[_signature(op)] for op in sorted(_propagator().op_single_dim_strategy_funcs, key=str)
+            if op not in calls and _signature(op) in by_signature}
 
 
-def compare_calls(
-    calls: Mapping[OpOverload, Sequence[Any]],
-    meshes: Iterable[tuple[str, DeviceMesh]],
-    candidates: Callable[..., Any],
-) -> Summary:
-    """:func:`compare` for every captured call of an op with a single-dim rule.
+def compare_calls(calls: Mapping[OpOverload, Sequence[Any]], meshes: Iterable[tuple[str, DeviceMesh]],
+                  candidates: Any) -> Summary:
+    """:func:`compare` for every captured call of a single-dim op, and for the borrowed calls.
 
-    ``calls`` maps ops to ``contract_sweep.CapturedCall``s, ``candidates`` is a
-    ``contract_sweep`` candidate function (the audit's planner candidates). An op
-    with a single-dim rule no call reaches is asked about with the first call of
-    :func:`borrowed_calls` that shape inference accepts.
+    A borrowed op is asked once, with the first lent call shape inference accepts.
     """
     from torch.distributed.tensor._ops.strategy_contract import infer_output_metas
     from torch.testing._internal.distributed._tensor import contract_sweep
@@ -348,7 +256,7 @@ def compare_calls(
                         try:
                             infer_output_metas(schema)
                         except Exception:
-                            continue  # another op's arguments the op does not take
+                            continue  # another op's arguments this op does not take
                     summary.add(where, compare(schema, mesh))
                 except ValueError as e:
                     summary.not_compared.setdefault(str(op), str(e))
@@ -359,48 +267,24 @@ def compare_calls(
     return summary
 
 
-CANDIDATE_CHOICES = ("audit", "few", "replicated", "partials")
+def candidates(mode: str, limit: int) -> Any:
+    """The candidate function of a mode: ``audit``, the audit's planner candidates;
+    ``replicated``, the one candidate eager dispatch offers a replicated input (what can
+    the op do from there?); ``partials``, the audit's with every ``Partial`` kind, so that
+    a rule's ``Partial`` pass-throughs show."""
+    from torch.testing._internal.distributed._tensor import contract_candidates as cs
+
+    funcs = {"audit": lambda: cs.first_candidates(limit), "replicated": lambda: cs.replicated_candidate,
+             "partials": lambda: cs.first_candidates(limit, ("sum", "avg", "max", "min"))}
+    if mode not in funcs:
+        raise ValueError(f"candidate mode must be one of {', '.join(funcs)}, got {mode!r}")
+    return funcs[mode]()
 
 
-def candidate_func(name: str, limit: int) -> Callable[..., Any]:
-    """The ``contract_sweep`` candidate function a candidate mode names.
-
-    ``audit``: the audit's planner candidates (``first_candidates``); ``few``:
-    four per input (``capped_candidates``), so that many strategies place an
-    input as none of its candidates does; ``replicated``: one all-``Replicate``
-    candidate, a planner asking what an op can do from where its inputs are;
-    ``partials``: the audit's candidates with every ``Partial`` kind, as
-    producers hand them out (a contraction's ``sum``, ``amax``'s ``max``), so
-    that a rule's ``Partial`` pass-throughs show.
-    """
-    from torch.testing._internal.distributed._tensor import contract_candidates
-
-    if name == "audit":
-        return contract_candidates.first_candidates(limit)
-    if name == "few":
-        return contract_candidates.capped_candidates(4)
-    if name == "replicated":
-        return contract_candidates.replicated_candidate
-    if name == "partials":
-        return contract_candidates.first_candidates(limit, ("sum", "avg", "max", "min"))
-    raise ValueError(f"candidate mode must be one of {CANDIDATE_CHOICES}, got {name!r}")
-
-
-def audit(
-    calls: Mapping[OpOverload, Sequence[Any]],
-    meshes: Iterable[tuple[str, DeviceMesh]],
-    max_candidates: int,
-    modes: Sequence[str] = ("audit", "few", "replicated"),
-) -> dict[str, Any]:
-    """The audit's entry point: per candidate mode, :meth:`Summary.as_dict` of the calls.
-
-    A torch without ``ShardingPropagator.get_op_strategy`` (stock) has no planner
-    answer to compare, and gets ``{"skipped": <why>}``.
-    """
+def audit(calls: Mapping[OpOverload, Sequence[Any]], meshes: Iterable[tuple[str, DeviceMesh]], max_candidates: int,
+          modes: Sequence[str]) -> dict[str, Any]:
+    """Per candidate mode, :meth:`Summary.as_dict`; ``{"skipped": why}`` on a torch without a planner entry point."""
     if not hasattr(_propagator(), "get_op_strategy"):
         return {"skipped": "this torch has no planner entry point (get_op_strategy)"}
     meshes = list(meshes)
-    return {
-        mode: compare_calls(calls, meshes, candidate_func(mode, max_candidates)).as_dict()
-        for mode in modes
-    }
+    return {mode: compare_calls(calls, meshes, candidates(mode, max_candidates)).as_dict() for mode in modes}

@@ -1,13 +1,12 @@
 # Owner: tools/audit. Run: python tools/test/test_audit.py  (or: python -m pytest tools/test/test_audit.py)
-"""Tests of the strategy-contract audit (tools/audit).
+"""Tests of the stock-vs-built audit (tools/audit).
 
 Strategies are planted in DTensor's registries by hand, so every assertion holds
-whichever torch runs the tests (stock or built): a planted bad strategy must be
-counted under the clause it breaks, a planted exception must be reported with op
-and message, and ``--strict`` must fail on them.
+whichever torch runs the tests: a planted bad strategy must reach the report under
+the clause it breaks, a planted exception with op and message, and ``--strict`` must
+fail on them; the comparison of two torches' JSON is tested on documents made here.
 """
 
-import argparse
 import contextlib
 import json
 import subprocess
@@ -31,15 +30,17 @@ from torch._ops import OpOverload
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from tools.audit import worker
+from tools.audit import full_space, worker
+from tools.audit import __main__ as orchestrator
 
 
 aten = torch.ops.aten
 CLAUSES = ("C1", "C2", "C3", "C4", "C5")
+ROLES = ("stock", "built")
 
 # Planted into the worker subprocess with --preload: aten.t.default answers with
 # OpSpecs whose output has no tensor_meta (C1); aten.split.Tensor raises.
@@ -81,7 +82,7 @@ def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
 
 
 def _call(op: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
-    """A captured call as contract_sweep's recorder makes it (tensors as TensorMeta)."""
+    """A captured call as contract_capture's recorder makes it (tensors as TensorMeta)."""
     return worker.load_validation().capture.CapturedCall(op, args, kwargs or {}, "test forward")
 
 
@@ -161,7 +162,7 @@ class TestAuditInProcess(TestCase):
         cls.own_pg = not dist.is_initialized()
         if cls.own_pg:
             dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-        cls.checker = worker.load_checker(worker.DEFAULT_CHECKER)
+        cls.checker = worker.load_checker()
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -226,7 +227,7 @@ class TestAuditInProcess(TestCase):
     def test_runtime_refusal_counted_apart_from_errors(self) -> None:
         """A runtime query DTensor deliberately refuses is counted as refused, per
         query and with its reason; the same exception from a planner query is an error."""
-        sweep = worker.load_contract_sweep()
+        sweep = worker.load_validation().sweep
         pattern = next(iter(sweep.RUNTIME_REFUSALS))
         call = _call(aten.t.default, (_meta(4, 6),))
 
@@ -271,77 +272,48 @@ class TestAuditInProcess(TestCase):
         self.assertEqual((err["op"], err["type"]), ("aten.t.default", "QueryTimeout"))
         self.assertIn("spin", err["raised_at"])
 
-    def test_tuple_strategy_child_counted_as_c5(self) -> None:
-        metas = [_meta(4, 3), _meta(5)]
-        call = _call(aten._foreach_neg.default, (metas,))
-
-        def tuple_strategy(op_schema: OpSchema) -> TupleStrategy:
-            (lst,) = op_schema.args_schema
-            if not isinstance(lst, TupleStrategy):
-                self.fail(f"expected a TupleStrategy, got {type(lst).__name__}")
-            children = []
-            for child in lst.children:
-                if not isinstance(child, OpStrategy):
-                    self.fail(f"expected OpStrategy children, got {type(child).__name__}")
-                children.append(child)
-            return TupleStrategy(
-                [
-                    OpStrategy(
-                        [
-                            OpSpec(
-                                output_specs=DTensorSpec(c.output_spec.mesh, c.output_spec.placements),
-                                input_specs=(c.output_spec,),
-                                redistribute_cost=[[0.0] * len(child.strategies)],
-                            )
-                            for c in child.strategies
-                        ]
-                    )
-                    for child in children
-                ]
-            )
-
-        a = self.auditor(modes="runtime")
-        with planted(aten._foreach_neg.default, tuple_strategy):
-            a.audit_call(call)
-        r = self.result(a, "runtime", "4")
-        # R config: 2 children x 1 OpSpec; S0 config (first tensor 4 >= 4): 2 more
-        self.assertEqual(r["violations"]["C5"], 4)
-        self.assertEqual(r["c5_by_child_clause"], {"C1": 4})
-        self.assertEqual(r["violations"]["C1"], 0)
-
-    def test_unregistered_op_named(self) -> None:
-        a = self.auditor()
-        with mock.patch.object(a.sweep, "strategy_registry", lambda op: None):
-            with self.assertRaisesRegex(ValueError, "aten.t.default"):
-                a.audit_call(_call(aten.t.default, (_meta(4, 6),)))
-
-    def test_planner_candidates(self) -> None:
-        a = self.auditor(meshes="4,2x2")
-        candidates = a.validation.candidates
-        mesh4 = a.validation.meshes["4"]
-        cands = candidates(mesh4, _meta(4, 3))
-        self.assertEqual([str(c) for c in cands[:1]], ["(Replicate(),)"])
-        self.assertEqual(len(cands), 3)  # R, S(0), P: dim 1 (3) < 4 cannot be sharded
-        self.assertEqual(len(candidates(mesh4, _meta(4, 3, dtype=torch.int64))), 2)  # no Partial
-        mesh22 = a.validation.meshes["2x2"]
-        cands = candidates(mesh22, _meta(4, 3, 2))
-        self.assertEqual(len(cands), 16)  # 5 x 5 combinations, capped
-        self.assertEqual(str(cands[0]), "(Replicate(), Replicate())")
+    def test_full_space_finds_a_strategy_the_answer_lacks(self) -> None:
+        """A strategy the planner's own expansion finds and get_op_strategy's answer lacks is missing."""
+        p = DTensor._op_dispatcher.sharding_propagator
+        if not hasattr(p, "get_op_strategy"):
+            self.skipTest("this torch has no planner entry point (get_op_strategy) to compare")
+        op = aten.neg.default
+        if op not in p.op_single_dim_strategy_funcs:
+            self.skipTest(f"{op} has no single-dim rule on this torch")
+        sweep = worker.load_validation().sweep
+        mesh = DeviceMesh("cpu", torch.arange(4))
+        schema = sweep.strategy_schema(mesh, op, (_meta(8, 4),), {}, worker.load_mode().first_candidates(16))
+        whole = full_space.compare(schema, mesh)
+        self.assertEqual((whole.missing, whole.invalid), ([], []))
+        self.assertGreater(whole.dtensor, 1)
+        answer = p.get_op_strategy(schema)
+        if not isinstance(answer, OpStrategy):
+            self.fail(f"{op}: expected an OpStrategy, got {type(answer).__name__}")
+        dropped = full_space.strategy_key(answer.strategies[-1], [True])
+        kept = [s for s in answer.strategies if full_space.strategy_key(s, [True]) != dropped]
+        with mock.patch.object(p, "get_op_strategy", lambda op_schema: OpStrategy(kept)):
+            partial = full_space.compare(schema, mesh)
+        self.assertEqual(partial.missing, [full_space.describe(dropped)])
+        self.assertEqual(partial.dtensor, whole.dtensor - 1)
 
 
-class TestStrictRule(TestCase):
-    def test_violations_errors_refusals_and_selection_mismatches(self) -> None:
-        import importlib
+def _result(torch_: str, **kw: Any) -> dict[str, Any]:
+    """One (mode, mesh) result of a worker JSON, as merged (``torch`` added)."""
+    zeros = dict.fromkeys(CLAUSES, 0)
+    rec: dict[str, Any] = {"torch": torch_, "mode": "runtime", "mesh": "4", "ops_sampled": 1, "ops_with_violations": 0,
+                           "violations": zeros, "ops_by_clause": zeros, "errors": 0, "refused": 0, "no_strategy": 0,
+                           "violating_ops": [], "error_details": [], "refusal_details": []}
+    return {**rec, **kw}
 
-        orchestrator = importlib.import_module("tools.audit.__main__")
-        rec: dict[str, Any] = {
-            "torch": "built", "mode": "runtime", "mesh": "4",
-            "violating_ops": [{"op": "aten.a.default", "specs_by_clause": {"C1": 2, "C4": 1}}],
-            "error_details": [{"op": "aten.b.default", "count": 3}],
-            "refusal_details": [{"op": "aten.c.default", "refusal": "x", "count": 5}],
-        }
-        stock = dict(rec, torch="stock")
-        merged: dict[str, Any] = {"results": [stock, rec], "selections": {"mismatches": []}}
+
+class TestComparison(TestCase):
+    """The orchestrator's comparison and report, on documents made here."""
+
+    def test_strict_counts_violations_and_errors_of_built_only(self) -> None:
+        rec = _result("built", violating_ops=[{"op": "aten.a.default", "specs_by_clause": {"C1": 2, "C4": 1}}],
+                      error_details=[{"op": "aten.b.default", "count": 3}],
+                      refusal_details=[{"op": "aten.c.default", "refusal": "x", "count": 5}])
+        merged: dict[str, Any] = {"results": [dict(rec, torch="stock"), rec], "selections": {"mismatches": []}}
         reasons = orchestrator.strict_failures(merged)
         self.assertEqual(len(reasons), 2)
         self.assertIn("3 OpSpec violations in 1 ops", reasons[0])
@@ -359,9 +331,6 @@ class TestStrictRule(TestCase):
         )
 
     def test_full_space_missing_strategies_fail_strict(self) -> None:
-        import importlib
-
-        orchestrator = importlib.import_module("tools.audit.__main__")
         fs = {"ops_compared": 2, "schemas_compared": 3, "missing": 0, "ops_missing": [],
               "invalid_with_reason": {"not valid for the op: x": 4}, "errors": {}}
         merged: dict[str, Any] = {
@@ -375,277 +344,55 @@ class TestStrictRule(TestCase):
         self.assertIn("full space (audit candidates): 5 strategies missing in 1 ops", reason)
         stock_row, built_row = orchestrator.full_space_rows(merged)
         self.assertIn("skipped: no planner entry point", stock_row[-1])
-        self.assertEqual(built_row[:5], ["built", "audit", 2, 3, 5])
-        self.assertIn("a.default", built_row[5])  # the op list drops the aten. prefix
-        self.assertEqual(built_row[6], 4)
+        self.assertEqual(built_row, ["built", "audit", 2, 3, 5, "a.default", 4, 0])
 
     def test_selection_kinds(self) -> None:
-        import importlib
-
-        orchestrator = importlib.import_module("tools.audit.__main__")
         ok = {"op": "aten.x", "output": "(Replicate(),)", "needs_redistribute": False}
         other = {"op": "aten.x", "output": "(Shard(dim=0),)", "needs_redistribute": False}
         err = {"op": "aten.x", "error": "RuntimeError: no"}
         err2 = {"op": "aten.x", "error": "ValueError: no"}
-        stock = {"a|4|R": ok, "b|4|R": ok, "c|4|R": err, "d|4|R": err, "e|4|R": ok}
-        built = {"a|4|R": other, "b|4|R": err, "c|4|R": ok, "d|4|R": err2, "e|4|R": ok}
+        stock = {"a|4|R": ok, "b|4|R": ok, "c|4|R": err, "d|4|R": err, "e|4|R": ok, "f|4|R": ok}
+        built = {"a|4|R": other, "b|4|R": err, "c|4|R": ok, "d|4|R": err2, "e|4|R": ok, "g|4|R": ok}
         sel = orchestrator.compare_selections({"stock": {"selections": stock}, "built": {"selections": built}})
-        self.assertEqual(sel["compared"], 5)
+        self.assertEqual((sel["compared"], sel["only_stock"], sel["only_built"]), (5, 1, 1))
         self.assertEqual(
             sel["by_kind"], {"changed": 1, "regressed": 1, "newly_supported": 1, "error_changed": 1}
         )
-        self.assertEqual([m["key"] for m in sel["mismatches"]][:2], ["a|4|R", "b|4|R"])
+        self.assertEqual([m["key"] for m in sel["mismatches"]], ["a|4|R", "b|4|R", "c|4|R", "d|4|R"])
+        self.assertEqual(sel["errors"], {"stock": 2, "built": 2})
 
-
-def _orchestrator() -> ModuleType:
-    import importlib
-
-    return importlib.import_module("tools.audit.__main__")
-
-
-def _parity_op(outcome: str, seconds: float, message: str = "", type_: str | None = None) -> dict[str, Any]:
-    """One op's record as tools/audit/parity.py writes it."""
-    rec: dict[str, Any] = {"outcome": outcome, "dtensor_s": seconds, "samples": []}
-    if message:
-        rec["message"] = message
-    if type_:
-        rec["type"] = type_
-    return rec
-
-
-def _parity_doc(role: str, ops: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    counts = {k: sum(1 for r in ops.values() if r["outcome"] == k) for k in ("same", "wrong", "raised", "skipped")}
-    return {"torch": role, "config": {"max_samples": 3, "meshes": "4", "op_timeout": 120.0, "ops": None},
-            "counts": counts, "ops": {k: dict(v, op=k) for k, v in ops.items()},
-            "timing": {"total_s": 1.0, "dtensor_s": 1.0, "wall_s": 2.0}}
-
-
-# (stock, built) per op: every kind of change the comparison knows, and the time rules.
-PARITY_STOCK = {
-    "same_to_wrong": _parity_op("same", 0.01),
-    "same_to_raised": _parity_op("same", 0.01),
-    "wrong_to_raised": _parity_op("wrong", 0.01, "w"),
-    "raised_to_same": _parity_op("raised", 0.01, "no strategy", "NotImplementedError"),
-    "wrong_to_same": _parity_op("wrong", 0.01, "w"),
-    "raised_to_wrong": _parity_op("raised", 0.01, "no strategy", "NotImplementedError"),
-    "raised_other_message": _parity_op("raised", 0.01, "A", "RuntimeError"),
-    "unchanged": _parity_op("raised", 0.01, "A", "RuntimeError"),
-    "skipped_to_raised": _parity_op("skipped", 0.01, "nondeterministic"),
-    "slow_2x": _parity_op("same", 0.3),        # 0.6s built: listed, not strict
-    "slow_3_5x": _parity_op("same", 0.2),      # 0.7s built: strict
-    "tiny_4x": _parity_op("same", 0.1),        # 0.4s built: under the floor, noise
-    "floor_by_stock": _parity_op("same", 0.5),  # 0.8s built: 1.6x, listed
-    "strict_below_floor": _parity_op("same", 0.12),  # 0.48s built, 4x: listed? no (both < 0.5)
-    "faster": _parity_op("same", 2.0),
-}
-PARITY_BUILT = {
-    "same_to_wrong": _parity_op("wrong", 0.01, "add sample 1 mesh 4: output 0: not close"),
-    "same_to_raised": _parity_op("raised", 0.01, "x sample 0 mesh 4: Timeout", "Timeout"),
-    "wrong_to_raised": _parity_op("raised", 0.01, "boom", "RuntimeError"),
-    "raised_to_same": _parity_op("same", 0.01),
-    "wrong_to_same": _parity_op("same", 0.01),
-    "raised_to_wrong": _parity_op("wrong", 0.01, "w"),
-    "raised_other_message": _parity_op("raised", 0.01, "B", "RuntimeError"),
-    "unchanged": _parity_op("raised", 0.01, "A", "RuntimeError"),
-    "skipped_to_raised": _parity_op("raised", 0.01, "bad", "RuntimeError"),
-    "slow_2x": _parity_op("same", 0.6),
-    "slow_3_5x": _parity_op("same", 0.7),
-    "tiny_4x": _parity_op("same", 0.4),
-    "floor_by_stock": _parity_op("same", 0.8),
-    "strict_below_floor": _parity_op("same", 0.48),
-    "faster": _parity_op("same", 0.5),
-}
-
-
-class TestParityComparison(TestCase):
-    def compared(
-        self, stock: dict[str, dict[str, Any]] = PARITY_STOCK, built: dict[str, dict[str, Any]] = PARITY_BUILT
-    ) -> dict[str, Any]:
-        return _orchestrator().compare_parity({"stock": _parity_doc("stock", stock),
-                                               "built": _parity_doc("built", built)})
-
-    def test_outcome_changes_classified(self) -> None:
-        p = self.compared()
-        self.assertEqual(p["compared"], len(PARITY_STOCK))
-        self.assertEqual(sorted(e["op"] for e in p["worse"]),
-                         ["same_to_raised", "same_to_wrong", "skipped_to_raised", "wrong_to_raised"])
-        self.assertEqual(sorted(e["op"] for e in p["newly_works"]), ["raised_to_same", "wrong_to_same"])
-        self.assertEqual([e["op"] for e in p["better"]], ["raised_to_wrong"])
-        self.assertEqual([e["op"] for e in p["notes"]], ["raised_other_message"])
-        worse = {e["op"]: e for e in p["worse"]}
-        self.assertEqual((worse["same_to_raised"]["stock"], worse["same_to_raised"]["built"]),
-                         ("same", "raised: Timeout"))
-        self.assertEqual(worse["same_to_wrong"]["built_message"], "add sample 1 mesh 4: output 0: not close")
-
-    def test_slower_uses_ratio_and_floor(self) -> None:
-        p = self.compared()
-        slower = {e["op"]: e for e in p["slower"]}
-        # tiny_4x and strict_below_floor: 4x, but both times under 0.5s
-        self.assertEqual(sorted(slower), ["floor_by_stock", "slow_2x", "slow_3_5x"])
-        self.assertEqual(slower["slow_3_5x"]["ratio"], 3.5)
-        self.assertEqual([e["op"] for e in p["slower"]], ["slow_3_5x", "slow_2x", "floor_by_stock"])
-        orch = _orchestrator()
-        self.assertEqual([e["op"] for e in orch.parity_strict_slower(p)], ["slow_3_5x"])
-        self.assertEqual(p["totals"]["strict_slower"], 1)
-        # the strict floor is on the built time: 3.5x of a 0.1s stock run (0.35s) does not fail
-        q = self.compared({"x": _parity_op("same", 0.1)}, {"x": _parity_op("same", 0.55)})
-        self.assertEqual([e["op"] for e in orch.parity_strict_slower(q)], ["x"])
-        q = self.compared({"x": _parity_op("same", 0.5)}, {"x": _parity_op("same", 0.45)})
-        self.assertEqual(q["slower"], [])
-
-    def test_strict_fails_on_worse_and_on_3x(self) -> None:
-        orch = _orchestrator()
-        reasons = orch.parity_strict_failures(self.compared())
-        self.assertEqual(len(reasons), 2)
-        self.assertIn("4 ops got worse", reasons[0])
-        self.assertIn("same_to_wrong", reasons[0])
-        self.assertIn("slow_3_5x 3.5x", reasons[1])
-        # only improvements, notes and sub-3x slowdowns: passes
-        ok = ("raised_to_same", "raised_other_message", "slow_2x", "tiny_4x", "floor_by_stock", "unchanged")
-        p = self.compared({k: PARITY_STOCK[k] for k in ok}, {k: PARITY_BUILT[k] for k in ok})
-        self.assertEqual(orch.parity_strict_failures(p), [])
-        # the full --strict rule includes parity next to the contract
-        merged = {"results": [], "selections": {"mismatches": []}, "parity": self.compared()}
-        self.assertEqual(len(orch.strict_failures(merged)), 2)
-        del merged["parity"]
-        self.assertEqual(orch.strict_failures(merged), [])
-
-    def test_retime_keeps_fastest_and_drops_noise(self) -> None:
-        """Ops flagged slower are measured again; each side keeps its fastest time."""
-        orch = _orchestrator()
-        stock = {"noisy": _parity_op("same", 0.2), "real": _parity_op("same", 0.2), "bad": _parity_op("same", 0.2)}
-        built = {"noisy": _parity_op("same", 1.0), "real": _parity_op("same", 1.0),
-                 "bad": _parity_op("raised", 9.0, "b", "Timeout")}
-        pdocs = {"stock": _parity_doc("stock", stock), "built": _parity_doc("built", built)}
-        second = {"stock": {"noisy": 0.25, "real": 0.3}, "built": {"noisy": 0.21, "real": 0.95}}
-        asked: list[tuple[str | None, str, str]] = []
-
-        def fake_run(
-            args: argparse.Namespace, roles: list[str], build_dir: Path, kind: str, prefix: str
-        ) -> dict[str, dict[str, Any]]:
-            asked.append((args.ops, kind, prefix))
-            return {r: {"ops": {op: {"dtensor_s": t} for op, t in second[r].items()}} for r in roles}
-
-        args = argparse.Namespace(ops=None, parity_retime=1)
-        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(orch, "run_workers", fake_run):
-            p = orch.retime_parity(args, ["stock", "built"], Path(tmp), pdocs)
-            written = json.loads((Path(tmp) / "parity-built.json").read_text())
-        # the worse op is not re-run (it may hang); the two slow ones are
-        self.assertEqual(asked, [("noisy,real", "parity", "parity-retime1-")])
-        self.assertEqual(pdocs["built"]["ops"]["noisy"]["timings_s"], [1.0, 0.21])
-        self.assertEqual(pdocs["built"]["ops"]["noisy"]["dtensor_s"], 0.21)
-        self.assertEqual(written["ops"]["real"]["dtensor_s"], 0.95)
-        self.assertEqual(sorted(e["op"] for e in p["slower"]), ["bad", "real"])
-        self.assertEqual(p["config"]["retime"], 1)
-
-    def test_report_section(self) -> None:
-        md = _orchestrator().render_parity(self.compared(), md=True, top=10)
-        self.assertIn("### Runtime parity", md)
-        self.assertIn("| stock | 15 | 8 | 2 | 4 | 1 | 1.0 | 2.0 | - |", md)
-        self.assertIn("| built | 15 | 8 | 2 | 5 | 0 |", md)
-        self.assertIn("`add sample 1 mesh 4: output 0: not close`", md)
-        self.assertIn("| slow_3_5x | 0.2 | 0.7 | 3.5 |", md)
-        self.assertIn("Improvements: newly work (2) and better (1)", md)
-
-
-class TestParityWorker(TestCase):
-    """The parity worker's pieces on the running torch, in this process."""
-
-    own_pg: bool
-    mesh: DeviceMesh
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        super().setUpClass()
-        cls.own_pg = not dist.is_initialized()
-        if cls.own_pg:
-            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-        cls.mesh = DeviceMesh("cpu", torch.arange(4))
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        if cls.own_pg and dist.is_initialized():
-            dist.destroy_process_group()
-        super().tearDownClass()
-
-    def sample(self, fn: Callable[..., object], *inputs: torch.Tensor, timeout: float = 30.0) -> dict[str, Any]:
-        from torch.testing._internal.opinfo.core import SampleInput
-
-        from tools.audit import parity
-
-        deadline = parity.Deadline(timeout)
-        return parity.run_sample(fn, "myop", 2, SampleInput(inputs[0], args=inputs[1:]), "4", self.mesh, (4,),
-                                 deadline, (1e-5, 1e-5))
-
-    def test_placements(self) -> None:
-        from torch.distributed.tensor import Replicate as R, Shard as S
-
-        from tools.audit.parity import placements_for
-
-        self.assertEqual(placements_for((8, 6), (4,)), [S(0)])
-        self.assertEqual(placements_for((5, 7), (4,)), [S(1)])  # 5 over 4 leaves a rank empty
-        self.assertEqual(placements_for((5, 6), (2, 2)), [S(0), S(1)])
-        self.assertEqual(placements_for((8,), (2, 2)), [S(0), S(0)])
-        self.assertEqual(placements_for((3,), (4,)), [R()])
-        self.assertEqual(placements_for((), (4,)), [R()])
-
-    def test_same_wrong_raised_nondeterministic(self) -> None:
-        x, y = torch.randn(8, 3), torch.randn(8, 3)
-        rec = self.sample(torch.add, x, y)
-        self.assertEqual(rec["outcome"], "same", str(rec))
-        self.assertEqual(rec["inputs"], "S0,S0")
-        self.assertGreater(rec["dtensor_s"], 0)
-
-        def local_only(t: torch.Tensor) -> torch.Tensor:  # on a DTensor: each rank's shard, not the whole
-            return t.to_local() if isinstance(t, DTensor) else t
-
-        rec = self.sample(local_only, x)
-        self.assertEqual(rec["outcome"], "wrong", str(rec))
-        self.assertTrue(rec["message"].startswith("myop sample 2 mesh 4 (S0): output 0 rank 0:"), rec)
-
-        def refuse(t: torch.Tensor) -> torch.Tensor:
-            if isinstance(t, DTensor):
-                raise ValueError("planted refusal\nsecond line dropped")
-            return t
-
-        rec = self.sample(refuse, x)
-        self.assertEqual((rec["outcome"], rec["type"]), ("raised", "ValueError"))
-        self.assertEqual(rec["message"], "myop sample 2 mesh 4: ValueError: planted refusal")
-        self.assertIn("refuse", rec["where"])
-
-        rec = self.sample(lambda t: torch.rand_like(t) + t, x)
-        self.assertEqual(rec["outcome"], "skipped", str(rec))
-        self.assertIn("nondeterministic", rec["message"])
-
-    def test_hang_recorded_as_timeout(self) -> None:
-        import time
-
-        give_up = time.monotonic() + 20  # a broken time limit fails the test instead of hanging it
-
-        def spin(t: torch.Tensor) -> torch.Tensor:
-            while isinstance(t, DTensor) and time.monotonic() < give_up:
-                pass
-            return t
-
-        rec = self.sample(spin, torch.randn(8), timeout=0.3)
-        self.assertEqual((rec["outcome"], rec["type"]), ("raised", "Timeout"))
-        self.assertIn("in spin", rec["where"])
-        self.assertIn("myop sample 2 mesh 4: Timeout", rec["message"])
-        self.assertLess(rec["dtensor_s"], 10)
-
-    def test_aggregate_worst_sample_wins(self) -> None:
-        from tools.audit.parity import aggregate
-
-        def s(i: int, outcome: str, **kw: object) -> dict[str, object]:
-            return {"sample": i, "mesh": "4", "outcome": outcome, "message": f"m{i}", "dtensor_s": 0.5, **kw}
-
-        rec = aggregate("op", [s(0, "same"), s(1, "wrong"), s(2, "raised", type="E"), s(3, "raised", type="F")])
-        self.assertEqual((rec["outcome"], rec["message"], rec["sample"], rec["type"]), ("raised", "m2", "2@4", "E"))
-        self.assertEqual(rec["dtensor_s"], 2.0)
-        self.assertEqual(len(rec["samples"]), 4)
-        self.assertEqual(aggregate("op", [s(0, "skipped"), s(1, "same")])["outcome"], "same")
-        self.assertEqual(aggregate("op", [s(0, "skipped"), s(1, "skipped")])["outcome"], "skipped")
-        self.assertEqual(aggregate("op", [], "no float32 on cpu")["message"], "no float32 on cpu")
+    def test_report_tables(self) -> None:
+        """The markdown report: contract table, refusals per kind, selections, full space, strict."""
+        reasons = {"pattern": "DTensor refuses it on purpose"}
+        refusal = {"op": "aten.c.default", "refusal": "pattern", "count": 2}
+        c1 = dict.fromkeys(CLAUSES, 0) | {"C1": 3}
+        built = _result("built", ops_with_violations=1, violations=c1, ops_by_clause=dict.fromkeys(CLAUSES, 0) | {"C1": 1},
+                        violating_ops=[{"op": "aten.a.default", "specs_by_clause": {"C1": 3}}],
+                        refusal_details=[refusal], refused=2)
+        ok = {"op": "aten.x.default", "output": "(Replicate(),)", "needs_redistribute": False}
+        docs = {role: {"selections": {"q|4|all Replicate": dict(ok, output=out)}} for role, out in
+                (("stock", "(Replicate(),)"), ("built", "(Shard(dim=0),)"))}
+        merged: dict[str, Any] = {
+            "config": {"meshes": "4", "modes": "runtime", "ops": "x"},
+            "torches": {r: {"torch_version": "v", "python": "py", "capture": {"calls_queried": 1}} for r in ROLES},
+            "timing": {r: {"wall_s": 1.0} for r in ROLES},
+            "results": [_result("stock", refusal_details=[refusal], refused=2), built],
+            "reports": {"stock": "", "built": "[1/1] aten.a.default"}, "refusal_reasons": reasons,
+            "selections": orchestrator.compare_selections(docs),
+            "full_space": {"built": {"audit": {"ops_compared": 2, "schemas_compared": 3, "missing": 0,
+                                               "ops_missing": [], "invalid_with_reason": {}, "errors": {}}}},
+        }
+        md = orchestrator.render(merged, orchestrator.strict_failures(merged))
+        self.assertIn("| runtime | 4 | stock | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 2 | 0 |", md)
+        self.assertIn("| runtime | 4 | built | 1 | 1 | 3 (1) | 0 | 0 | 0 | 0 | 0 | 2 | 0 |", md)
+        self.assertIn("| `pattern` | stock | 1 | 2 | runtime/4 | c.default | DTensor refuses it on purpose |", md)
+        self.assertIn("| `pattern` | built | 1 | 2 | runtime/4 | c.default | DTensor refuses it on purpose |", md)
+        self.assertIn("1 runtime queries compared", md)
+        self.assertIn("- changed: x.default (1)", md)
+        self.assertIn('| aten.x.default | 4 | all Replicate | changed | `{"output": "(Replicate(),)"', md)
+        self.assertIn("| built | audit | 2 | 3 | 0 |  | 0 | 0 |", md)
+        self.assertIn("```[1/1] aten.a.default\n```", md)
+        self.assertIn("### Strict\nFAIL: built runtime mesh 4: 3 OpSpec violations in 1 ops; 1 runtime selections", md)
 
 
 def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -669,29 +416,19 @@ class TestAuditSubprocess(TestCase):
             keys, {(m, mesh) for m in ("runtime", "planner", "utility") for mesh in ("4", "2x2")}
         )
         for r in doc["results"]:
-            self.assertIsInstance(r["ops_sampled"], int)
             # at least aten.mm, aten.t, aten.split (single-dim ones only in utility mode)
             self.assertGreaterEqual(r["ops_sampled"], 1 if r["mode"] == "utility" else 3)
-            self.assertIsInstance(r["ops_with_violations"], int)
-            self.assertIsInstance(r["errors"], int)
+            for key in ("ops_with_violations", "errors", "refused", "no_strategy"):
+                self.assertIsInstance(r[key], int, key)
             self.assertEqual(sorted(r["violations"]), list(CLAUSES))
             self.assertTrue(all(isinstance(v, int) for v in r["violations"].values()))
             self.assertIsInstance(r["by_registry"], dict)
-        for reg in ("single_dim", "op_strategy", "decomposition", "rules"):
-            self.assertIn(reg, doc["coverage"])
-        for r in doc["results"]:
-            self.assertIsInstance(r["refused"], int)
             self.assertIsInstance(r["refusal_details"], list)
         self.assertIn("DynamicOutputShapeException", doc["refusal_reasons"])
         self.assertTrue(doc["selections"])
-        self.assertGreater(doc["capture"]["stats"]["samples"], 0)
-        # every cache the change adds is reported, filled and within its bound
-        for name in ("sharding_prop", "output_metas", "redistribute_cost"):
-            cache = doc["caches"][name]
-            if name != "sharding_prop":  # the audit's runtime queries bypass that one
-                self.assertGreater(cache["entries"], 0, name)
-            if cache["bound"] is not None:
-                self.assertLessEqual(cache["entries"], cache["bound"], name)
+        self.assertGreater(doc["capture"]["samples"], 0)
+        self.assertGreater(doc["capture"]["calls_queried"], 0)
+        self.assertNotIn("full_space", doc)  # only when asked for
 
     def test_contract_mode_counts_as_the_worker(self) -> None:
         """``strategy_validation --contract`` and the audit's worker count the same ops alike."""
@@ -721,18 +458,19 @@ class TestAuditSubprocess(TestCase):
         self.assertIn("C1 aten.t.default strategy 0", cli.stdout)
 
     def test_strict_fails_on_planted_violation(self) -> None:
+        """--strict on a planted bad strategy: exit 1, and both report files say why."""
         with tempfile.TemporaryDirectory() as tmp:
             preload = Path(tmp) / "plant.py"
             preload.write_text(PRELOAD)
             proc = _run(
                 [sys.executable, "-m", "tools.audit", "--only", "built", "--built-python", sys.executable,
                  "--ops", "t,split", "--meshes", "4", "--modes", "runtime", "--max-samples", "1",
-                 "--preload", str(preload), "--out-dir", tmp, "--build-dir", tmp, "--strict"]
+                 "--preload", str(preload), "--out-dir", tmp, "--build-dir", tmp, "--report-name", "r", "--strict"]
             )
             self.assertEqual(proc.returncode, 1, proc.stdout[-3000:] + proc.stderr[-3000:])
-            self.assertIn("FAIL", proc.stdout)
-            doc = json.loads((Path(tmp) / "audit.json").read_text())
-            md = (Path(tmp) / "audit.md").read_text()
+            doc = json.loads((Path(tmp) / "r.json").read_text())
+            md = (Path(tmp) / "r.md").read_text()
+        self.assertIn(md, proc.stdout)  # the report printed is the one written
         (r,) = doc["results"]
         self.assertEqual((r["torch"], r["mode"], r["mesh"]), ("built", "runtime", "4"))
         self.assertGreater(r["violations"]["C1"], 0)
@@ -741,48 +479,21 @@ class TestAuditSubprocess(TestCase):
         self.assertIn("C1", t["specs_by_clause"])
         err = next(e for e in r["error_details"] if e["op"] == "aten.split.Tensor")
         self.assertEqual((err["type"], err["message"]), ("RuntimeError", "planted by test_audit"))
-        self.assertIn("refusal_reasons", doc)
         self.assertTrue(doc["strict"]["failures"])
         self.assertIn("| runtime | 4 | built |", md)
+        self.assertIn("### Strict\nFAIL: built runtime mesh 4:", md)
+        self.assertIn("| built | audit |", md)  # the full-space comparison ran by default
 
-    def test_parity_run_on_this_torch(self) -> None:
-        """A tiny real parity sweep of three OpInfos on the running interpreter."""
+    def test_failing_worker_shows_its_log(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "p.json"
-            proc = _run([sys.executable, "-m", "tools.audit.parity", "--role", "built", "--out", str(out),
-                         "--ops", "add,mm,nn.functional.relu", "--max-samples", "2"])
-            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-            self.assertIn("[audit built] parity 3/3", proc.stderr)
-            doc = json.loads(out.read_text())
-        self.assertEqual(sorted(doc["ops"]), ["add", "mm", "nn.functional.relu"])
-        self.assertEqual(doc["counts"], {"same": 3, "wrong": 0, "raised": 0, "skipped": 0})
-        for rec in doc["ops"].values():
-            self.assertEqual(rec["outcome"], "same", rec)
-            self.assertEqual(len(rec["samples"]), 2)
-            self.assertGreater(rec["dtensor_s"], 0)
-            # the samples picked first are the ones that get sharded
-            self.assertTrue(any("S" in s["inputs"] for s in rec["samples"]), rec["samples"])
-
-    def test_parity_strict_from_worker_json(self) -> None:
-        """--parity-only --strict fails on a worse outcome, passes once it is gone, and reports it."""
-        with tempfile.TemporaryDirectory() as tmp:
-            stock = {"add": _parity_op("same", 0.01), "mm": _parity_op("same", 0.01)}
-            built = {"add": _parity_op("same", 0.01),
-                     "mm": _parity_op("raised", 0.01, "mm sample 0 mesh 4: RuntimeError: boom", "RuntimeError")}
-            for role, ops in (("stock", stock), ("built", built)):
-                (Path(tmp) / f"parity-{role}.json").write_text(json.dumps(_parity_doc(role, ops)))
-            cmd = [sys.executable, "-m", "tools.audit", "--parity-only", "--from-json", "--strict",
-                   "--build-dir", tmp, "--out-dir", tmp]
-            proc = _run(cmd)
-            self.assertEqual(proc.returncode, 1, proc.stdout[-3000:] + proc.stderr[-3000:])
-            self.assertIn("FAIL: runtime parity: 1 ops got worse than stock (mm)", proc.stdout)
-            doc = json.loads((Path(tmp) / "audit.json").read_text())
-            self.assertEqual([e["op"] for e in doc["parity"]["worse"]], ["mm"])
-            self.assertIn("### Runtime parity", (Path(tmp) / "audit.md").read_text())
-            (Path(tmp) / "parity-built.json").write_text(json.dumps(_parity_doc("built", stock)))
-            proc = _run(cmd)
-            self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
-            self.assertIn("PASS", proc.stdout)
+            preload = Path(tmp) / "fail.py"
+            preload.write_text("raise RuntimeError('planted worker failure')\n")
+            proc = _run([sys.executable, "-m", "tools.audit", "--only", "built", "--built-python", sys.executable,
+                         "--ops", "t", "--preload", str(preload), "--out-dir", tmp, "--build-dir", tmp])
+            self.assertEqual(proc.returncode, 2, proc.stdout[-3000:] + proc.stderr[-3000:])
+            self.assertFalse((Path(tmp) / "audit.json").exists())
+        self.assertIn("[audit built] worker failed (exit 1)", proc.stderr)
+        self.assertIn("RuntimeError: planted worker failure", proc.stderr)
 
 
 if __name__ == "__main__":

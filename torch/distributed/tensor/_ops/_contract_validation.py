@@ -61,7 +61,7 @@ InferFunc = Callable[[OpSchema], Any]
 
 
 class QueryTimeout(BaseException):
-    """A query used more CPU time than ``--query-timeout`` (or a block its wall time).
+    """A query used more CPU time than ``--query-timeout``.
 
     A ``BaseException``, so that DTensor's own ``except Exception`` (decomposition
     fallbacks) cannot swallow it.
@@ -75,39 +75,28 @@ def _where(code: Any, line: int) -> str:
 
 
 @contextlib.contextmanager
-def time_limit(
-    seconds: float | None, wall: bool = False, message: str = ""
-) -> Iterator[None]:
-    """Raise :class:`QueryTimeout` once the block used ``seconds`` (main thread only).
-
-    CPU time by default, so that a loaded machine does not fail a query; with
-    ``wall``, wall time, re-raised every 5 s in case something catches the first
-    (the audit's parity sweep bounds eager runs, which may block).
-    """
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`QueryTimeout` once the block used ``seconds`` of CPU time (main
+    thread only): CPU time, so that a loaded machine does not fail a query."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
-    clock = "wall time" if wall else "CPU"
-    text = message or f"query used more than {seconds:g}s of {clock} (--query-timeout)"
 
     def expire(signum: int, frame: Any) -> None:
-        exc = QueryTimeout(text)
+        exc = QueryTimeout(
+            f"query used more than {seconds:g}s of CPU (--query-timeout)"
+        )
         if frame is not None:
             exc.where = _where(frame.f_code, frame.f_lineno)
         raise exc
 
-    sig, timer = (
-        (signal.SIGALRM, signal.ITIMER_REAL)
-        if wall
-        else (signal.SIGPROF, signal.ITIMER_PROF)
-    )
-    previous = signal.signal(sig, expire)
-    signal.setitimer(timer, seconds, 5.0 if wall else 0.0)
+    previous = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(timer, 0)
-        signal.signal(sig, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 @dataclass
