@@ -11,7 +11,6 @@ from torch.testing._internal.distributed._tensor.contract_candidates import (
     first_candidates,
     meta_of,
     op_strategy,
-    planner_candidates,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
     StrategyContractTestBase,
@@ -36,32 +35,6 @@ class TestCandidates(StrategyContractTestBase):
         )
         with self.assertRaises(ValueError):
             op_strategy(mesh, meta, (S0,))
-
-    def test_planner_candidates(self) -> None:
-        mesh = self.mesh((2, 4))
-        floats = planner_candidates(mesh, meta_of(torch.randn(2, 8)))
-        # Tensor dim 0 has 2 elements: it can only be split over mesh dim 0.
-        self.assertEqual(
-            floats,
-            [
-                (R, R),
-                (R, S1),
-                (R, P),
-                (S0, R),
-                (S0, S1),
-                (S0, P),
-                (S1, R),
-                (S1, S1),
-                (S1, P),
-                (P, R),
-                (P, S1),
-                (P, P),
-            ],
-        )
-        ints = planner_candidates(mesh, meta_of(torch.ones(2, 8, dtype=torch.long)))
-        self.assertFalse(any(isinstance(p, Partial) for c in ints for p in c))
-        scalar = planner_candidates(self.mesh((4,)), meta_of(torch.tensor(1.0)))
-        self.assertEqual(scalar, [(R,), (P,)])
 
     def test_first_candidates(self) -> None:
         """Fewest non-Replicate mesh dims first, in option order, capped; uneven

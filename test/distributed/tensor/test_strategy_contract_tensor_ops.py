@@ -13,15 +13,13 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
-from torch.testing._internal.distributed._tensor.contract_candidates import (
-    meta_of,
-    QUERY_MODES,
-)
+from torch.testing._internal.distributed._tensor.contract_candidates import meta_of
 from torch.testing._internal.distributed._tensor.contract_common import (
     mesh_name,
     OP_MESHES,
 )
 from torch.testing._internal.distributed._tensor.contract_ops_common import (
+    QUERY_MODES,
     StrategyOpsTestBase,
 )
 
@@ -45,7 +43,9 @@ class TestTensorOpsStrategyContract(StrategyOpsTestBase):
                     _, strategy = self.query(shape, mode, op, args, kwargs)
                     self.assert_output_metas(strategy, [expected])
                     for spec in self.specs_of(strategy):
-                        self.assertEqual(spec.input_specs[0].tensor_meta.dtype, torch.bfloat16)
+                        self.assertEqual(
+                            spec.input_specs[0].tensor_meta.dtype, torch.bfloat16
+                        )
 
     @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_factory_like_dtype_from_kwarg(self, shape: tuple[int, ...]) -> None:

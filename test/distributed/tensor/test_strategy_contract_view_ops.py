@@ -12,15 +12,13 @@ from torch.testing._internal.common_utils import (
     parametrize,
     run_tests,
 )
-from torch.testing._internal.distributed._tensor.contract_candidates import (
-    meta_of,
-    QUERY_MODES,
-)
+from torch.testing._internal.distributed._tensor.contract_candidates import meta_of
 from torch.testing._internal.distributed._tensor.contract_common import (
     mesh_name,
     OP_MESHES,
 )
 from torch.testing._internal.distributed._tensor.contract_ops_common import (
+    QUERY_MODES,
     StrategyOpsTestBase,
 )
 

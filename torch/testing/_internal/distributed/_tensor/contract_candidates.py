@@ -11,7 +11,6 @@ question; the module is loaded by path into an unpatched torch as well.
 """
 
 import itertools
-import random
 from collections.abc import Callable, Sequence
 
 import torch
@@ -59,99 +58,6 @@ def replicated_candidate(
 
 # Chooses the candidate placements of one tensor input of a strategy schema.
 CandidateFunc = Callable[[DeviceMesh, TensorMeta], Sequence[Sequence[Placement]]]
-
-# ``replicate``: every tensor input offers one replicated candidate (eager dispatch
-# of replicated DTensors); ``sharded``: one sharded candidate each (eager dispatch
-# of sharded DTensors); ``planner``: many candidates at once.
-QUERY_MODES = ("replicate", "sharded", "planner")
-
-# A planner query offers at most this many candidates per tensor input. All of
-# them would make 3-D queries of multi-input ops take seconds each; a fixed
-# sample still mixes Replicate, every Shard(d) and Partial across mesh dims.
-PLANNER_CANDIDATE_LIMIT = 12
-
-
-def planner_candidates(
-    mesh: DeviceMesh, meta: TensorMeta
-) -> list[tuple[Placement, ...]]:
-    """Every placement tuple a planner would consider for a tensor with ``meta``.
-
-    Per mesh dim: ``Replicate()``, ``Shard(d)`` for each tensor dim, and
-    ``Partial()`` for floating dtypes; tuples are taken in ``itertools.product``
-    order. A tuple is dropped when a tensor dim is split into more pieces than it
-    has elements, so that every rank holds a non-empty shard. The order is fixed,
-    which keeps strategy indices in failure messages stable.
-    """
-    per_dim: list[Placement] = [Replicate()]
-    per_dim += [Shard(d) for d in range(len(meta.shape))]
-    if meta.dtype.is_floating_point:
-        per_dim.append(Partial())
-    candidates = []
-    for combo in itertools.product(per_dim, repeat=mesh.ndim):
-        pieces = [1] * len(meta.shape)
-        for mesh_dim, p in enumerate(combo):
-            if isinstance(p, Shard):
-                pieces[p.dim] *= mesh.size(mesh_dim)
-        if all(n <= size for n, size in zip(pieces, meta.shape)):
-            candidates.append(combo)
-    return candidates
-
-
-def sharded_candidate(avoid: Sequence[int] = ()) -> CandidateFunc:
-    """One evenly sharded candidate per input: mesh dim i shards the first
-    tensor dim from i on (cyclically, skipping ``avoid``) that divides evenly,
-    and replicates when none does."""
-
-    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
-        ndim = len(meta.shape)
-        pieces = [1] * ndim
-        placements: list[Placement] = []
-        for mesh_dim in range(mesh.ndim):
-            chosen: Placement = Replicate()
-            for k in range(ndim):
-                d = (mesh_dim + k) % ndim
-                n = pieces[d] * mesh.size(mesh_dim)
-                if d not in avoid and meta.shape[d] % n == 0:
-                    pieces[d] = n
-                    chosen = Shard(d)
-                    break
-            placements.append(chosen)
-        return [tuple(placements)]
-
-    return candidates
-
-
-def sampled_planner_candidates(
-    mesh: DeviceMesh, meta: TensorMeta
-) -> list[tuple[Placement, ...]]:
-    """``planner_candidates``, cut to a fixed sample of at most the limit.
-
-    The replicated candidate and an evenly sharded one are always kept, so a
-    planner query offers what both runtime queries offer (unless they avoid dims).
-    """
-    everything = planner_candidates(mesh, meta)
-    if len(everything) <= PLANNER_CANDIDATE_LIMIT:
-        return everything
-    keep = {everything[0], *map(tuple, sharded_candidate()(mesh, meta))}
-    rest = [c for c in everything if c not in keep]
-    picked = set(
-        random.Random(len(everything)).sample(rest, PLANNER_CANDIDATE_LIMIT - len(keep))
-    )
-    return [c for c in everything if c in keep or c in picked]
-
-
-def mode_candidates(mode: str, avoid: Sequence[int] = ()) -> CandidateFunc:
-    """The candidates of ``mode``. ``avoid`` lists tensor dims the ``sharded``
-    mode leaves alone, because the op refuses them at runtime (e.g. the dim
-    ``unbind`` removes); a planner query offers them anyway and the strategy
-    must drop them, not fail."""
-    if mode == "replicate":
-        return replicated_candidate
-    if mode == "sharded":
-        return sharded_candidate(avoid)
-    if mode == "planner":
-        return sampled_planner_candidates
-    raise ValueError(mode)
 
 
 def capped_candidates(limit: int) -> CandidateFunc:

@@ -9,10 +9,11 @@ every mesh in :data:`MESH_SHAPES`, and hold strategies to the contract of
 ``torch.distributed.tensor._ops.strategy_contract``.
 """
 
+import itertools
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
@@ -31,6 +32,12 @@ from torch.distributed.tensor._ops.strategy_contract import (
     format_violations,
     infer_output_metas,
     OutputMetas,
+)
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
 )
 from torch.testing._internal.common_utils import TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -198,3 +205,163 @@ class StrategyContractTestBase(TestCase):
                 self.assert_output_metas(child, [meta])
                 for spec in self.specs_of(child):
                     self.assertEqual(len(spec.input_specs or ()), n_inputs)
+
+
+def planner_candidates(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """Every placement tuple a planner would consider for a tensor with ``meta``.
+
+    Per mesh dim: ``Replicate()``, ``Shard(d)`` for each tensor dim, and
+    ``Partial()`` for floating dtypes; tuples are taken in ``itertools.product``
+    order. A tuple is dropped when a tensor dim is split into more pieces than it
+    has elements, so that every rank holds a non-empty shard. The order is fixed,
+    which keeps strategy indices in failure messages stable.
+    """
+    per_dim: list[Placement] = [Replicate()]
+    per_dim += [Shard(d) for d in range(len(meta.shape))]
+    if meta.dtype.is_floating_point:
+        per_dim.append(Partial())
+    candidates = []
+    for combo in itertools.product(per_dim, repeat=mesh.ndim):
+        pieces = [1] * len(meta.shape)
+        for mesh_dim, p in enumerate(combo):
+            if isinstance(p, Shard):
+                pieces[p.dim] *= mesh.size(mesh_dim)
+        if all(n <= size for n, size in zip(pieces, meta.shape)):
+            candidates.append(combo)
+    return candidates
+
+
+def sharded_candidate(
+    avoid: Sequence[int] = (),
+) -> Callable[[DeviceMesh, TensorMeta], list[tuple[Placement, ...]]]:
+    """One evenly sharded candidate per input: mesh dim i shards the first
+    tensor dim from i on (cyclically, skipping ``avoid``) that divides evenly,
+    and replicates when none does."""
+
+    def candidates(mesh: DeviceMesh, meta: TensorMeta) -> list[tuple[Placement, ...]]:
+        ndim = len(meta.shape)
+        pieces = [1] * ndim
+        placements: list[Placement] = []
+        for mesh_dim in range(mesh.ndim):
+            chosen: Placement = Replicate()
+            for k in range(ndim):
+                d = (mesh_dim + k) % ndim
+                n = pieces[d] * mesh.size(mesh_dim)
+                if d not in avoid and meta.shape[d] % n == 0:
+                    pieces[d] = n
+                    chosen = Shard(d)
+                    break
+            placements.append(chosen)
+        return [tuple(placements)]
+
+    return candidates
+
+
+Call = tuple[torch._ops.OpOverload, tuple[object, ...], dict[str, object]]
+
+
+def attention_calls(
+    batch: int = 4, heads: int = 4, seq: int = 8, head_dim: int = 16
+) -> dict[torch._ops.OpOverload, Call]:
+    """One call of each fused attention kernel and of its backward, tensors as metas.
+
+    ``scaled_dot_product_attention`` on CPU only reaches the CPU flash kernel, so
+    no OpInfo sample calls the CUDA kernels DTensor has strategies for. Their
+    meta kernels run on fake CPU tensors: the forward calls run there, and each
+    backward call gets the forward's real results (the padded ``logsumexp``, the
+    RNG state), as autograd would pass them. Only the ops this torch has appear.
+    """
+    from torch._subclasses import FakeTensorMode
+
+    aten = torch.ops.aten
+    calls: dict[torch._ops.OpOverload, Call] = {}
+
+    def metas(x: object) -> object:
+        if isinstance(x, torch.Tensor):
+            return TensorMeta(x.shape, x.stride(), x.dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(metas(e) for e in x)
+        return x
+
+    def add(op: torch._ops.OpOverload, *args: object) -> tuple[object, ...]:
+        calls[op] = (op, cast(tuple[object, ...], metas(args)), {})
+        return cast(tuple[object, ...], op(*args))
+
+    with FakeTensorMode():
+        q, k, v, grad = (torch.randn(batch, heads, seq, head_dim) for _ in range(4))
+        bias = torch.randn(batch, heads, seq, seq)
+        out, lse, seed, offset = add(
+            aten._scaled_dot_product_efficient_attention.default, q, k, v, bias, True
+        )
+        add(
+            aten._scaled_dot_product_efficient_attention_backward.default,
+            grad,
+            q,
+            k,
+            v,
+            bias,
+            out,
+            lse,
+            seed,
+            offset,
+            0.0,
+            [True, True, True, True],
+        )
+        out, lse, cum_q, cum_k, max_q, max_k, rng, unused, _ = add(
+            aten._scaled_dot_product_flash_attention.default, q, k, v
+        )
+        add(
+            aten._scaled_dot_product_flash_attention_backward.default,
+            grad,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            cum_q,
+            cum_k,
+            max_q,
+            max_k,
+            0.0,
+            False,
+            rng,
+            unused,
+        )
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = add(
+            aten._scaled_dot_product_cudnn_attention.default, q, k, v, None, True
+        )
+        add(
+            aten._scaled_dot_product_cudnn_attention_backward.default,
+            grad,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            seed,
+            offset,
+            None,
+            cum_q,
+            cum_k,
+            max_q,
+            max_k,
+            0.0,
+            False,
+        )
+        out, lse = add(
+            aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v
+        )
+        add(
+            aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+            grad,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            0.0,
+            False,
+        )
+    return calls

@@ -2,21 +2,27 @@
 # Owner(s): ["oncall: distributed"]
 """
 The test base of the per-op strategy tests: one op, three meshes, three ways of
-asking (``contract_candidates.QUERY_MODES``), the answer held to the contract.
+asking (:data:`QUERY_MODES`), the answer held to the contract.
 """
 
+import random
 from collections.abc import Sequence
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor._dtensor_spec import TensorMeta
 from torch.distributed.tensor._op_schema import OpSchema, StrategyType
+from torch.distributed.tensor.placement_types import Placement
 from torch.testing._internal.distributed._tensor.contract_candidates import (
-    mode_candidates,
-    QUERY_MODES,
+    CandidateFunc,
+    replicated_candidate,
 )
 from torch.testing._internal.distributed._tensor.contract_common import (
     describe,
     OP_MESHES,
     output_tuple,
+    planner_candidates,
+    sharded_candidate,
     StrategyContractTestBase,
 )
 from torch.testing._internal.distributed._tensor.contract_sweep import (
@@ -24,6 +30,50 @@ from torch.testing._internal.distributed._tensor.contract_sweep import (
     strategy_registry,
     strategy_schema,
 )
+
+
+# ``replicate``: every tensor input offers one replicated candidate (eager dispatch
+# of replicated DTensors); ``sharded``: one sharded candidate each (eager dispatch
+# of sharded DTensors); ``planner``: many candidates at once.
+QUERY_MODES = ("replicate", "sharded", "planner")
+
+# A planner query offers at most this many candidates per tensor input. All of
+# them would make 3-D queries of multi-input ops take seconds each; a fixed
+# sample still mixes Replicate, every Shard(d) and Partial across mesh dims.
+PLANNER_CANDIDATE_LIMIT = 12
+
+
+def sampled_planner_candidates(
+    mesh: DeviceMesh, meta: TensorMeta
+) -> list[tuple[Placement, ...]]:
+    """``planner_candidates``, cut to a fixed sample of at most the limit.
+
+    The replicated candidate and an evenly sharded one are always kept, so a
+    planner query offers what both runtime queries offer (unless they avoid dims).
+    """
+    everything = planner_candidates(mesh, meta)
+    if len(everything) <= PLANNER_CANDIDATE_LIMIT:
+        return everything
+    keep = {everything[0], *map(tuple, sharded_candidate()(mesh, meta))}
+    rest = [c for c in everything if c not in keep]
+    picked = set(
+        random.Random(len(everything)).sample(rest, PLANNER_CANDIDATE_LIMIT - len(keep))
+    )
+    return [c for c in everything if c in keep or c in picked]
+
+
+def mode_candidates(mode: str, avoid: Sequence[int] = ()) -> CandidateFunc:
+    """The candidates of ``mode``. ``avoid`` lists tensor dims the ``sharded``
+    mode leaves alone, because the op refuses them at runtime (e.g. the dim
+    ``unbind`` removes); a planner query offers them anyway and the strategy
+    must drop them, not fail."""
+    if mode == "replicate":
+        return replicated_candidate
+    if mode == "sharded":
+        return sharded_candidate(avoid)
+    if mode == "planner":
+        return sampled_planner_candidates
+    raise ValueError(mode)
 
 
 class StrategyOpsTestBase(StrategyContractTestBase):
