@@ -4,12 +4,10 @@ Run from the repository root (the orchestrator does this for you)::
 
     .venv/bin/python -m tools.audit.worker --role built --out /tmp/built.json --op mm,t
 
-Everything the contract judges (ops chosen, calls captured, every query asked and
-judged, the counts) is the contract mode of ``strategy_validation``, with its options
-and defaults. A stock torch lacks it, so the repository's copy is loaded by path: both
-torches are then swept and judged by the same code. What this adds is what comparing
-two torches needs: DTensor's runtime selection for every runtime query, and, on the
-built torch, the full-space comparison (``full_space.py``).
+The judging is the contract mode of ``strategy_validation``, with its options and
+defaults, loaded by path where a torch lacks it (stock), so both torches are judged by
+the same code. This adds what comparing two torches needs: DTensor's runtime selection
+per runtime query and, on the built torch, the full-space comparison.
 """
 
 from __future__ import annotations

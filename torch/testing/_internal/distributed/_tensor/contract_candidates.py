@@ -61,15 +61,10 @@ CandidateFunc = Callable[[DeviceMesh, TensorMeta], Sequence[Sequence[Placement]]
 
 
 def capped_candidates(limit: int) -> CandidateFunc:
-    """Planner candidates, at most ``limit`` per tensor input.
-
-    Strategy expansion costs grow with the product of the inputs' candidate
-    counts, so a sweep cannot offer every placement tuple. It still offers what
-    strategies treat differently: all-``Replicate`` first, an evenly dividing
-    ``Shard``, ``Partial`` for floating dtypes, then tuples picked greedily for
-    the (mesh dim, placement) pairs they add, so that every mesh dim gets
-    sharded. Every rank holds a non-empty shard, and the choice is
-    deterministic, which keeps failure messages stable.
+    """Planner candidates, at most ``limit`` per tensor input (expansion cost grows
+    with the product of the inputs' counts): all-``Replicate``, an even ``Shard``,
+    ``Partial`` for floating dtypes, then tuples greedily adding (mesh dim,
+    placement) pairs; non-empty shards only, deterministic for stable messages.
     """
     cache: dict[tuple[object, ...], list[tuple[Placement, ...]]] = {}
 
@@ -151,16 +146,10 @@ def _capped_candidates(
 def first_candidates(limit: int, partials: Sequence[str] = ("sum",)) -> CandidateFunc:
     """Planner candidates in a fixed order, the first ``limit`` per tensor input.
 
-    Per mesh dim the options are ``Replicate()``, ``Shard(d)`` for each tensor
-    dim at least as long as the mesh dim, and ``Partial(k)`` per kind of
-    ``partials`` for floating and complex dtypes (a planner's inputs are partial
-    in every kind their producers' rules name). Tuples with fewer
-    non-``Replicate`` mesh dims come first (all-``Replicate``, then each single
-    sharding, then combinations), ties in option order. Unlike
-    :func:`capped_candidates`, tuples that split a dim into more pieces than it
-    has elements stay in: a planner may offer them, and strategies must answer
-    for uneven and empty shards. Large limits reach every single-dim placement,
-    which is what a wide audit wants.
+    Per mesh dim: ``Replicate()``, ``Shard(d)`` per tensor dim at least as long,
+    ``Partial(k)`` per kind of ``partials`` for floating and complex dtypes; fewer
+    non-``Replicate`` mesh dims first. Uneven and empty shards stay in (a planner
+    may offer them); large limits reach every single-dim placement.
     """
     if limit < 1:
         raise ValueError(f"first_candidates needs a limit of at least 1, got {limit}")

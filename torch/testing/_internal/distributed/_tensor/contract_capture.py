@@ -50,12 +50,8 @@ def _tensor_leaves(x: object) -> list[TensorMeta]:
 
 @dataclass
 class CapturedCall:
-    """One aten call, each tensor argument replaced by its ``TensorMeta``.
-
-    ``str()`` is the same text for the same call in any process, so it serves
-    as a key and in messages. ``source`` names the OpInfo and the pass
-    (forward, backward, inplace) that made the call.
-    """
+    """One aten call, each tensor argument replaced by its ``TensorMeta``; ``str()``
+    is the same in any process (a key), ``source`` the OpInfo and pass that made it."""
 
     op: OpOverload
     args: tuple[object, ...]
@@ -171,13 +167,10 @@ def capture_calls(
 ) -> tuple[CallRecorder, dict[str, int]]:
     """Run OpInfo samples under a :class:`CallRecorder`; return it and counters.
 
-    Each OpInfo runs its first ``samples`` samples in the first of ``dtypes`` it
-    supports and in each of ``extra_dtypes`` it supports: forward, backward (for
-    ``backward_dtypes``, default the floating ones) and in-place on a copy, with
-    ``foreach_tensors`` tensors per foreach list (``None``: the OpInfo's 20).
-    Samples come from ``sample_inputs_func`` directly (``OpInfo.sample_inputs``
-    walks the stack for the running test, most of the capture's cost), seeded so
-    that every process captures the same calls.
+    The first ``samples`` samples, in the first of ``dtypes`` and each of
+    ``extra_dtypes`` the OpInfo supports, run forward, backward (``backward_dtypes``,
+    default floating) and in-place on a copy; taken from ``sample_inputs_func``
+    directly (``sample_inputs`` walks the stack for the running test), seeded.
     """
     from torch.testing._internal.opinfo.core import ForeachFuncInfo
 
@@ -269,11 +262,8 @@ def _run_sample(
 
 
 def _backward(out: object) -> bool:
-    """Backward from the first differentiable result; whether there was one.
-
-    A complex result (an FFT of a real input) goes through ``abs()``, so that
-    the backward ops of complex-valued ops are reached too.
-    """
+    """Backward from the first differentiable result (a complex one through
+    ``abs()``, to reach complex backward ops); whether there was one."""
     for t in pytree.tree_leaves(out):
         if (
             isinstance(t, torch.Tensor)
@@ -289,11 +279,8 @@ def _backward(out: object) -> bool:
 def select_calls(
     recorder: CallRecorder, per_op: int
 ) -> dict[OpOverload, list[CapturedCall]]:
-    """Up to ``per_op`` calls of every op a registry knows, sorted by op name.
-
-    After the first call, calls with dtypes, then passes, not picked yet come
-    first: they are the likeliest to take another path through a strategy.
-    """
+    """Up to ``per_op`` calls of every op a registry knows, sorted by op name; calls
+    with dtypes, then passes, not picked yet first (likeliest to take another path)."""
     selected: dict[OpOverload, list[CapturedCall]] = {}
     for op in sorted(recorder.calls, key=str):
         if strategy_registry(op) is None:

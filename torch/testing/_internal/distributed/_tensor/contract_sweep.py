@@ -54,11 +54,6 @@ REGISTRIES = ("single_dim", "op_strategy", "decomposition")
 
 MODES = ("runtime", "planner", "utility")
 
-# Ops (``str(OpOverload)``) whose queries say nothing about the contract, each
-# with why. They are still queried and reported; an entry never excuses a
-# violation or a crash of a strategy that can be judged.
-CONTRACT_SKIPS: dict[str, str] = {}
-
 # Message fragments of the exceptions by which DTensor deliberately refuses an
 # input placement at runtime, each with why a refusal is the right answer. Stock
 # torch refuses the same queries with the same messages. A planner query never
@@ -100,14 +95,9 @@ RUNTIME_REFUSAL_TYPES: dict[type[BaseException], str] = {
 
 
 def runtime_refusal_key(exc: BaseException) -> str | None:
-    """Which runtime refusal ``exc`` is, or ``None`` when it is none.
-
-    The key is the :data:`RUNTIME_REFUSALS` message fragment ``exc`` carries,
-    or the name of the :data:`RUNTIME_REFUSAL_TYPES` type it is or was raised
-    from (DTensor's dispatch re-raises strategy failures inside a
-    ``RuntimeError``); only explicit causes count, not an error raised while
-    another was handled. Reports group refusals by it.
-    """
+    """Which runtime refusal ``exc`` is (reports group by it), or ``None``: the
+    :data:`RUNTIME_REFUSALS` fragment it carries, or the :data:`RUNTIME_REFUSAL_TYPES`
+    type it is or was explicitly raised from (dispatch wraps strategy failures)."""
     message = str(exc)
     for pattern in RUNTIME_REFUSALS:
         if pattern in message:
@@ -124,12 +114,9 @@ def runtime_refusal_key(exc: BaseException) -> str | None:
 
 
 def runtime_refusal(exc: BaseException) -> str | None:
-    """Why ``exc``, raised by a runtime query, is DTensor refusing the input, or ``None``.
-
-    A refusal is a right answer, not a failure: sweeps count it per query
-    instead of excusing whole ops. Only runtime queries can refuse; the same
-    exception from a planner query is an error.
-    """
+    """Why ``exc``, raised by a runtime query, is DTensor refusing the input, or
+    ``None``. A refusal is a right answer, counted per query; the same exception
+    from a planner query is an error."""
     key = runtime_refusal_key(exc)
     reasons = {t.__name__: r for t, r in RUNTIME_REFUSAL_TYPES.items()}
     return None if key is None else {**RUNTIME_REFUSALS, **reasons}[key]
@@ -167,14 +154,10 @@ def strategy_schema(
     kwargs: Mapping[str, object] | None = None,
     candidates: CandidateFunc = replicated_candidate,
 ) -> OpSchema:
-    """A strategy schema for ``op(*args, **kwargs)`` as DTensor builds one.
-
-    Every tensor (or ``TensorMeta``) in ``args``/``kwargs`` becomes an
-    :class:`OpStrategy` whose candidates are ``candidates(mesh, meta)``; a list
-    made only of tensors becomes a :class:`TupleStrategy`, and a list mixing
-    tensors and ``None`` stays a list, as in DTensor's own wrapping. The schema
-    carries the op's registered ``RuntimeSchemaInfo``, as eager dispatch sets it.
-    """
+    """A strategy schema for ``op(*args, **kwargs)`` as DTensor builds one: each
+    tensor (or ``TensorMeta``) an :class:`OpStrategy` of ``candidates(mesh, meta)``,
+    a tensor list a :class:`TupleStrategy` (a list mixing in ``None`` stays a list),
+    with the op's registered ``RuntimeSchemaInfo``."""
 
     def input_strategy(x: object) -> OpStrategy:
         meta = _as_meta(x)
@@ -209,13 +192,9 @@ def runtime_schema(
     kwargs: Mapping[str, object] | None,
     placements: Sequence[Sequence[Placement]],
 ) -> OpSchema:
-    """The schema DTensor's dispatch builds for ``op(*args, **kwargs)`` on DTensors.
-
-    Tensors (or ``TensorMeta``) become ``DTensorSpec``s taking the entries of
-    ``placements`` in flattened argument order (args, then kwargs); tensor lists
-    stay lists. ``ShardingPropagator._wrap_with_op_strategy`` of the result is
-    the strategy schema of a runtime query.
-    """
+    """The schema DTensor's dispatch builds for ``op(*args, **kwargs)`` on DTensors:
+    tensors become ``DTensorSpec``s taking ``placements`` in flattened argument
+    order; wrapped with ``_wrap_with_op_strategy`` it is a runtime query's schema."""
     remaining = iter(placements)
 
     def convert(x: object) -> object:
@@ -234,11 +213,8 @@ def runtime_schema(
 
 
 def strategy_registry(op: OpOverload) -> str | None:
-    """Which registry DTensor's runtime asks for ``op``'s strategies, or ``None``.
-
-    The order is the runtime's: single-dim strategies, then registered op
-    strategies, then the decomposition-derived strategy.
-    """
+    """Which registry DTensor's runtime asks for ``op``'s strategies, in the
+    runtime's order (single-dim, op strategy, decomposition), or ``None``."""
     from torch.distributed.tensor._decompositions import DecompShardingStrategy
 
     propagator = _sharding_propagator()
@@ -266,34 +242,6 @@ def ops_by_registry(
     return grouped
 
 
-def registry_coverage(
-    ops: Iterable[torch._ops.OpOverload],
-) -> dict[str, tuple[int, int]]:
-    """Per registry: how many of ``ops`` it answers for, and how many it holds.
-
-    The decomposition registry holds the ops with an explicit decomposition
-    that no other registry answers; ops with a CompositeImplicitAutograd kernel
-    reach it too, uncounted.
-    """
-    from torch._decomp import decomposition_table
-    from torch.distributed.tensor import DTensor
-
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    single_dim = set(propagator.op_single_dim_strategy_funcs)
-    strategies = set(propagator.op_strategy_funcs) - single_dim
-    registered = {
-        "single_dim": len(single_dim),
-        "op_strategy": len(strategies),
-        "decomposition": len(set(decomposition_table) - single_dim - strategies),
-    }
-    reached = dict.fromkeys(REGISTRIES, 0)
-    for op in ops:
-        registry = strategy_registry(op)
-        if registry is not None:
-            reached[registry] += 1
-    return {r: (reached[r], registered[r]) for r in REGISTRIES}
-
-
 def _case_op(case: object) -> torch._ops.OpOverload:
     op = case if isinstance(case, torch._ops.OpOverload) else case[0]  # type: ignore[index]
     if not isinstance(op, torch._ops.OpOverload):
@@ -304,13 +252,9 @@ def _case_op(case: object) -> torch._ops.OpOverload:
 
 
 def answered_by(registry: str, candidates: Sequence[_Case]) -> _Case:
-    """The first of ``candidates`` (ops, or tuples starting with the op) whose
-    op ``registry`` answers on this torch.
-
-    Releases move ops between registries; a test that needs an op of some kind
-    in a given registry lists the ones that would do, and skips, naming what this
-    torch lacks, when the registry answers none of them.
-    """
+    """The first of ``candidates`` (ops, or tuples starting with the op) that
+    ``registry`` answers on this torch; releases move ops between registries, so a
+    test lists the ops that would do and skips, naming them, when none is there."""
     if registry not in REGISTRIES:
         raise ValueError(f"unknown registry {registry!r}, expected one of {REGISTRIES}")
     for case in candidates:
@@ -325,21 +269,14 @@ def query_strategy(
     mesh: DeviceMesh | None = None,
     runtime: OpSchema | None = None,
 ) -> StrategyType | None:
-    """Ask DTensor's strategy machinery for ``op_schema``'s strategy.
+    """Ask the registry holding ``op_schema``'s op for its strategy.
 
-    ``op_schema`` is a strategy schema (see :func:`strategy_schema`). Without
-    ``runtime`` this is a planner's query: output metas are left for the
-    machinery to infer. ``runtime`` is the ``DTensorSpec`` schema ``op_schema``
-    wraps in a runtime query, and the registry is then called as dispatch calls
-    it: single-dim expansion gets the output metas dispatch computes, the
-    decomposition gets the runtime schema. Returns ``None`` when the registry
-    declines the query (the decomposition may) and raises ``ValueError`` for an
-    op no registry knows.
-
-    The registries are asked directly, not through
-    ``ShardingPropagator.get_op_strategy``: stock torch 2.13.0 has no planner
-    entry point, and a sweep must ask both torches the same way to compare
-    them. Everything used here exists on stock and changed torch alike.
+    Without ``runtime`` this is a planner's query (output metas left to the
+    machinery); with it, the registry is called as dispatch calls it for that
+    ``DTensorSpec`` schema. ``None`` when the registry declines (the decomposition
+    may); ``ValueError`` for an op no registry knows. The registries are asked
+    directly, not through ``get_op_strategy``, which stock torch 2.13.0 lacks:
+    both torches must be asked the same way to compare them.
     """
     from torch.distributed.tensor._ops.single_dim_strategy import (
         _expand_single_dim_strategy_to_mesh,
@@ -371,12 +308,8 @@ def query_strategy(
 
 
 def runtime_selection(runtime: OpSchema) -> OutputSharding:
-    """What DTensor's dispatch selects for the ``DTensorSpec`` schema ``runtime``.
-
-    The uncached propagation dispatch runs (the strategy, the cheapest spec,
-    any redistribution of the inputs), so every call computes afresh; it exists
-    on stock torch too, so selections of both torches compare.
-    """
+    """What DTensor's dispatch selects for the ``DTensorSpec`` schema ``runtime``,
+    computed afresh by the uncached propagation stock torch has too."""
     return _sharding_propagator().propagate_op_sharding_non_cached(runtime)
 
 
@@ -437,13 +370,9 @@ def author_rules(
 
 
 def utility_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> OpStrategy | None:
-    """``op``'s single-dim rules expanded the way a downstream rule author does.
-
-    The rules DTensor registers for ``op`` (``None`` if it has none, or if the
-    schema holds tensor lists, which an author expands per element), resolved by
-    :func:`author_rules`, handed to ``expand_to_full_mesh_op_strategy`` with no
-    output metas: whatever the result lacks, the utility left out.
-    """
+    """``op``'s registered single-dim rules, resolved by :func:`author_rules` and
+    expanded by ``expand_to_full_mesh_op_strategy`` without output metas, as a
+    downstream author does (``None`` without rules or with tensor lists)."""
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
     op = op_schema.op
