@@ -156,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[audit {args.role}] {phase} {n}/{total}", file=sys.stderr, flush=True)
 
     t_setup = time.monotonic()
-    validation, _, counts = contract_mode.validate(args, checker.check_strategy_contract, checker.infer_output_metas,
-                                        selection_recorder(cv, selections, args.query_timeout), progress)
+    validation, _, counts = contract_mode.validate(
+        args, checker.check_strategy_contract, checker.infer_output_metas,
+        selection_recorder(cv, selections, args.query_timeout), progress)
     t_query = time.monotonic()
     doc: dict[str, Any] = {
         "torch": args.role, "torch_version": torch.__version__, "python": sys.executable,

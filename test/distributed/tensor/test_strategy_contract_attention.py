@@ -38,20 +38,18 @@ try:
     from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
     from torch.distributed.tensor._ops import strategy_contract
     from torch.testing._internal.distributed._tensor.contract_candidates import meta_of
-    from torch.testing._internal.distributed._tensor.contract_ops_common import (
-        mode_candidates,
-        QUERY_MODES,
-    )
     from torch.testing._internal.distributed._tensor.contract_common import (
         attention_calls,
-    )
-    from torch.testing._internal.distributed._tensor.contract_common import (
         mesh_name,
         OP_MESHES,
         output_tuple,
         stock_python,
         STOCK_PYTHON_ENV,
         StrategyContractTestBase,
+    )
+    from torch.testing._internal.distributed._tensor.contract_ops_common import (
+        mode_candidates,
+        QUERY_MODES,
     )
     from torch.testing._internal.distributed._tensor.contract_sweep import (
         strategy_registry,
@@ -97,10 +95,7 @@ def eager_outcomes() -> dict[str, list[str]]:
     placements: list[list[Placement]] = [[Shard(0)], [Shard(1)], [Replicate()]]
     with FakeTensorMode():
         for pl in placements:
-            local = [
-                2 if isinstance(pl[0], Shard) and pl[0].dim == d else 8
-                for d in range(2)
-            ]
+            local = [2 if isinstance(pl[0], Shard) and pl[0].dim == d else 8 for d in range(2)]
             q = DTensor.from_local(torch.randn(*local, 8, 16), mesh, pl)
             q.requires_grad_(True)
             key = str(tuple(pl))
@@ -108,16 +103,7 @@ def eager_outcomes() -> dict[str, list[str]]:
                 out = aten._scaled_dot_product_efficient_attention(q, q, q, None, True)
                 results[f"efficient {key}"] = [_describe(x) for x in out]
                 grads = aten._scaled_dot_product_efficient_attention_backward(
-                    out[0],
-                    q,
-                    q,
-                    q,
-                    None,
-                    out[0],
-                    out[1],
-                    out[2],
-                    out[3],
-                    0.0,
+                    out[0], q, q, q, None, out[0], out[1], out[2], out[3], 0.0,
                     [True, True, True, False],
                 )
                 results[f"efficient backward {key}"] = [_describe(x) for x in grads]
@@ -130,20 +116,8 @@ def eager_outcomes() -> dict[str, list[str]]:
                 out = aten._scaled_dot_product_flash_attention(q, q, q)
                 results[f"flash {key}"] = [_describe(x) for x in out]
                 grads = aten._scaled_dot_product_flash_attention_backward(
-                    out[0],
-                    q,
-                    q,
-                    q,
-                    out[0],
-                    out[1],
-                    out[2],
-                    out[3],
-                    out[4],
-                    out[5],
-                    0.0,
-                    False,
-                    out[6],
-                    out[7],
+                    out[0], q, q, q, out[0], out[1], out[2], out[3], out[4], out[5],
+                    0.0, False, out[6], out[7],
                 )
                 results[f"flash backward {key}"] = [_describe(x) for x in grads]
                 out[0].sum().backward()
@@ -162,17 +136,11 @@ def run_worker(python: str, stock: bool) -> dict[str, list[str]]:
         path = os.path.join(tmp, "outcomes.json")
         proc = subprocess.run(
             [python, os.path.abspath(__file__), EAGER_FLAG, path],
-            env=env,
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-            timeout=300,
+            env=env, cwd=tmp, capture_output=True, text=True, timeout=300,
         )
         if proc.returncode != 0:
-            raise RuntimeError(
-                f"eager worker ({python}) exited {proc.returncode}:\n"
-                f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-            )
+            raise RuntimeError(f"eager worker ({python}) exited {proc.returncode}:\n"
+                               f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
         with open(path) as f:
             return json.load(f)
 
@@ -193,11 +161,7 @@ def registered_attention_ops() -> list[torch._ops.OpOverload]:
         *(op for op in decomposition_table if isinstance(op, torch._ops.OpOverload)),
     }
     return sorted(
-        (
-            op
-            for op in ops
-            if "attention" in str(op) and strategy_registry(op) is not None
-        ),
+        (op for op in ops if "attention" in str(op) and strategy_registry(op) is not None),
         key=str,
     )
 
@@ -239,9 +203,7 @@ class TestAttentionResultSpecs(StrategyContractTestBase):
         print(f"attention ops in the registries: {[str(op) for op in ops]}")
         self.assertGreaterEqual(len(ops), 6)
         for op in ops:
-            self.assertIn(
-                op, calls, f"{op} is registered but attention_calls has no call of it"
-            )
+            self.assertIn(op, calls, f"{op} is registered but attention_calls has no call of it")
 
     def test_planner_answers(self) -> None:
         """``get_op_strategy`` gives every tensor result a spec with its meta, on
@@ -270,15 +232,10 @@ class TestAttentionResultSpecs(StrategyContractTestBase):
     ) -> OpStrategy:
         """The op's registered single-dim rules, resolved by the harness as a rule
         author does (``author_rules``), expanded with no output metas."""
-        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[
-            op
-        ]
+        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[op]
         rules, n_outputs = author_rules(schema, info)
         return expand_to_full_mesh_op_strategy(
-            mesh,
-            schema,
-            rules,
-            input_index=n_outputs,  # type: ignore[arg-type]
+            mesh, schema, rules, input_index=n_outputs  # type: ignore[arg-type]
         )
 
     def test_utility_specs(self) -> None:
@@ -286,28 +243,21 @@ class TestAttentionResultSpecs(StrategyContractTestBase):
         downstream author calls it, places the results the rule leaves ``None``."""
         calls = attention_calls()
         ops = [
-            op
-            for op in registered_attention_ops()
+            op for op in registered_attention_ops()
             if strategy_registry(op) == "single_dim"
             and strategy_contract.replicated_returns(op)
         ]
         if not ops:
-            self.skipTest(
-                "this torch has no single-dim attention rule with RNG-state results"
-            )
+            self.skipTest("this torch has no single-dim attention rule with RNG-state results")
         for op in ops:
             _, args, kwargs = calls[op]
             expected = expected_results(op, args, kwargs)
             for shape in OP_MESHES:
                 with self.subTest(op=str(op), mesh=mesh_name(shape)):
                     mesh = self.mesh(shape)
-                    schema = strategy_schema(
-                        mesh, op, args, kwargs, mode_candidates("planner")
-                    )
+                    schema = strategy_schema(mesh, op, args, kwargs, mode_candidates("planner"))
                     strategy = self.expand_rules(op, schema, mesh)
-                    self.assert_every_tensor_result_placed(
-                        op, strategy.strategies, expected
-                    )
+                    self.assert_every_tensor_result_placed(op, strategy.strategies, expected)
                     self.assert_contract(schema, strategy)
 
     def test_checker_rejects_none_for_rng_state(self) -> None:
@@ -319,11 +269,7 @@ class TestAttentionResultSpecs(StrategyContractTestBase):
         schema = strategy_schema(mesh, op, args, kwargs)
         expected = expected_results(op, args, kwargs)
         rep = (Replicate(),)
-        inputs = [
-            DTensorSpec(mesh, rep, tensor_meta=m)
-            for m in args
-            if isinstance(m, TensorMeta)
-        ]
+        inputs = [DTensorSpec(mesh, rep, tensor_meta=m) for m in args if isinstance(m, TensorMeta)]
         outputs = tuple(
             DTensorSpec(mesh, rep, tensor_meta=m) if pos < 2 else None
             for pos, m in enumerate(expected)
@@ -331,12 +277,9 @@ class TestAttentionResultSpecs(StrategyContractTestBase):
         strategy = OpStrategy(
             [OpSpec(outputs, inputs, redistribute_cost=[[0.0]] * len(inputs))]
         )
-        violations = strategy_contract.check_strategy_contract(
-            schema, strategy, expected
-        )
+        violations = strategy_contract.check_strategy_contract(schema, strategy, expected)
         self.assertEqual(
-            [(v.clause, v.position) for v in violations],
-            [("C2", "output 2"), ("C2", "output 3")],
+            [(v.clause, v.position) for v in violations], [("C2", "output 2"), ("C2", "output 3")]
         )
         self.assertEqual(
             strategy_contract.check_strategy_contract(

@@ -116,7 +116,9 @@ def program_inputs(mesh: DeviceMesh, batch: int) -> tuple[DTensor, ...]:
     weight column-sharded on mesh dim 1 (so layer_norm needs a redistribution)."""
     rep: list[Placement] = [Replicate()] * mesh.ndim
     x_pl: list[Placement] = [Shard(0)] + [Replicate()] * (mesh.ndim - 1)
-    w_pl: list[Placement] = [Replicate(), Shard(0)] if mesh.ndim == 2 else list(rep)
+    w_pl: list[Placement] = (
+        [Replicate(), Shard(0)] if mesh.ndim == 2 else list(rep)
+    )
     gen = torch.Generator().manual_seed(batch)
 
     def make(shape: Sequence[int], placements: list[Placement]) -> DTensor:
@@ -206,11 +208,7 @@ class GuardCapture:
     guards: list[list[str]] = field(default_factory=list)  # per compiled frame
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "frames": self.frames,
-            "graph_breaks": self.graph_breaks,
-            "guards": self.guards,
-        }
+        return {"frames": self.frames, "graph_breaks": self.graph_breaks, "guards": self.guards}
 
 
 def capture_guards(backend: str, mesh: DeviceMesh) -> GuardCapture:
@@ -265,12 +263,8 @@ def torch_release(python: str | None = None) -> str:
         return torch.__version__.split("+")[0]
     code = "from importlib.metadata import version; print(version('torch'))"
     out = subprocess.run(
-        [python, "-c", code],
-        env=_worker_env(stock=True),
-        cwd=tempfile.gettempdir(),
-        capture_output=True,
-        text=True,
-        check=True,
+        [python, "-c", code], env=_worker_env(stock=True), cwd=tempfile.gettempdir(),
+        capture_output=True, text=True, check=True,
     )
     return out.stdout.strip().split("+")[0]
 
@@ -291,9 +285,7 @@ def _finish_worker(proc: subprocess.Popen, out_path: str, label: str) -> dict[st
     except subprocess.TimeoutExpired:
         proc.kill()
         output, _ = proc.communicate()
-        raise RuntimeError(
-            f"{label} guard worker timed out:\n{output.decode()[-4000:]}"
-        ) from None
+        raise RuntimeError(f"{label} guard worker timed out:\n{output.decode()[-4000:]}") from None
     if proc.returncode != 0:
         raise RuntimeError(
             f"{label} guard worker exited {proc.returncode}:\n{output.decode()[-4000:]}"
@@ -322,11 +314,7 @@ def _symbolic_leaves(x: object) -> list[object]:
     if isinstance(x, TensorMeta):
         return [d for d in (*x.shape, *x.stride) if _is_symbolic(d)]
     if isinstance(x, dict):
-        return [
-            s
-            for k, v in x.items()
-            for s in (*_symbolic_leaves(k), *_symbolic_leaves(v))
-        ]
+        return [s for k, v in x.items() for s in (*_symbolic_leaves(k), *_symbolic_leaves(v))]
     if isinstance(x, (list, tuple)):
         return [s for e in x for s in _symbolic_leaves(e)]
     return [x] if _is_symbolic(x) else []
@@ -359,9 +347,7 @@ def _same_meta(got: TensorMeta | None, expected: TensorMeta) -> bool:
     )
 
 
-def _output_pairs(
-    spec_outputs: object, metas: object
-) -> Iterator[tuple[str, object, TensorMeta]]:
+def _output_pairs(spec_outputs: object, metas: object) -> Iterator[tuple[str, object, TensorMeta]]:
     """(position, output spec, expected meta) for every tensor result."""
     if isinstance(metas, TensorMeta):
         yield "output", spec_outputs, metas
@@ -390,8 +376,7 @@ class StrategyQuery:
 
     def describe(self) -> str:
         metas = ", ".join(
-            "None" if m is None else f"{tuple(m.shape)}"
-            for m in _input_metas(self.schema)
+            "None" if m is None else f"{tuple(m.shape)}" for m in _input_metas(self.schema)
         )
         return f"{self.schema.op}({metas})"
 
@@ -432,9 +417,7 @@ def capture_strategies(backend: str, mesh: DeviceMesh) -> StrategyCapture:
     queries: list[StrategyQuery] = []
 
     def recording_route(
-        strategy_schema: OpSchema,
-        output_metas: object,
-        runtime_schema: OpSchema | None = None,
+        strategy_schema: OpSchema, output_metas: object, runtime_schema: OpSchema | None = None
     ) -> tuple[StrategyType | None, Exception | None]:
         strategy, exc = route(strategy_schema, output_metas, runtime_schema)
         if strategy is not None:
@@ -457,9 +440,7 @@ def capture_strategies(backend: str, mesh: DeviceMesh) -> StrategyCapture:
     for query in queries:
         envs = _shape_envs(query)
         before = [len(env.guards) for env in envs]
-        violations = check_strategy_contract(
-            query.schema, query.strategy, query.expected
-        )
+        violations = check_strategy_contract(query.schema, query.strategy, query.expected)
         capture.violations.append([str(v) for v in violations])
         capture.checker_guards.append(
             [str(g.expr) for env, n in zip(envs, before) for g in env.guards[n:]]
@@ -494,9 +475,7 @@ class TestSymbolicStrategies(StrategyContractTestBase):
         """The program compiled once per (backend, mesh) for all tests of the class."""
         if config not in self._captures:
             backend, mesh_key = config.split("/")
-            self._captures[config] = capture_strategies(
-                backend, self.mesh(MESHES[mesh_key])
-            )
+            self._captures[config] = capture_strategies(backend, self.mesh(MESHES[mesh_key]))
         return self._captures[config]
 
     def symbolic_queries(self, config: str) -> list[StrategyQuery]:
@@ -520,9 +499,7 @@ class TestSymbolicStrategies(StrategyContractTestBase):
                 else [s for c in query.strategy.children for s in c.strategies]  # type: ignore[attr-defined]
             )
             for index, spec in enumerate(specs):
-                for where, out, meta in _output_pairs(
-                    spec.output_specs, query.expected
-                ):
+                for where, out, meta in _output_pairs(spec.output_specs, query.expected):
                     got = out.tensor_meta if isinstance(out, DTensorSpec) else None
                     if not _same_meta(got, meta):
                         mismatches.append(
@@ -533,9 +510,7 @@ class TestSymbolicStrategies(StrategyContractTestBase):
                     elif _symbolic_leaves(got):
                         symbolic_outputs += 1
         self.assertEqual(mismatches, [], "\n".join(mismatches[:20]))
-        self.assertGreater(
-            symbolic_outputs, 0, f"{config}: no symbolic output meta at all"
-        )
+        self.assertGreater(symbolic_outputs, 0, f"{config}: no symbolic output meta at all")
 
     @parametrize("config", CONFIGS)
     def test_contract_holds_with_symbolic_metas(self, config: str) -> None:
@@ -582,9 +557,7 @@ class TestSymbolicStrategies(StrategyContractTestBase):
             dtype=meta.dtype,
         )
         violations = check_strategy_contract(query.schema, query.strategy, wrong)
-        self.assertGreater(
-            len(violations), 0, f"{query.describe()}: no violation found"
-        )
+        self.assertGreater(len(violations), 0, f"{query.describe()}: no violation found")
         self.assertEqual({v.clause for v in violations}, {"C1"}, str(violations[:3]))
 
     @parametrize("config", CONFIGS)
@@ -643,25 +616,16 @@ class TestGuardsMatchStock(TestCase):
             mismatch = f"{stock} has torch {stock_release}, this interpreter {release}"
             if os.environ.get(STOCK_PYTHON_ENV):
                 self.fail(mismatch)
-            self.skipTest(
-                f"no stock torch {release}: {mismatch}; set {STOCK_PYTHON_ENV}"
-            )
+            self.skipTest(f"no stock torch {release}: {mismatch}; set {STOCK_PYTHON_ENV}")
         with tempfile.TemporaryDirectory() as tmp:
-            paths = {
-                label: os.path.join(tmp, f"{label}.json")
-                for label in ("stock", "built")
-            }
+            paths = {label: os.path.join(tmp, f"{label}.json") for label in ("stock", "built")}
             procs = {
                 "stock": _start_worker(stock, paths["stock"], stock=True),
                 "built": _start_worker(sys.executable, paths["built"], stock=False),
             }
-            results = {
-                label: _finish_worker(p, paths[label], label)
-                for label, p in procs.items()
-            }
+            results = {label: _finish_worker(p, paths[label], label) for label, p in procs.items()}
         self.assertNotEqual(
-            results["stock"]["torch"],
-            results["built"]["torch"],
+            results["stock"]["torch"], results["built"]["torch"],
             "stock and built workers imported the same torch",
         )
         report: list[str] = []
@@ -672,18 +636,10 @@ class TestGuardsMatchStock(TestCase):
                 f"graph breaks {s['graph_breaks']}/{b['graph_breaks']}, guards "
                 f"{[len(g) for g in s['guards']]} / {[len(g) for g in b['guards']]}"
             )
+            self.assertEqual(b["frames"], s["frames"], f"{config}: recompiles differ\n" + "\n".join(report))
+            self.assertEqual(b["graph_breaks"], s["graph_breaks"], f"{config}: graph breaks differ")
             self.assertEqual(
-                b["frames"],
-                s["frames"],
-                f"{config}: recompiles differ\n" + "\n".join(report),
-            )
-            self.assertEqual(
-                b["graph_breaks"], s["graph_breaks"], f"{config}: graph breaks differ"
-            )
-            self.assertEqual(
-                len(b["guards"]),
-                len(s["guards"]),
-                f"{config}: compiled frames with guards differ",
+                len(b["guards"]), len(s["guards"]), f"{config}: compiled frames with guards differ"
             )
             self.assertGreater(len(s["guards"]), 0, f"{config}: no guards captured")
             for frame, (sg, bg) in enumerate(zip(s["guards"], b["guards"])):

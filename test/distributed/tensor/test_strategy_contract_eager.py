@@ -21,12 +21,7 @@ from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._op_schema import OpSchema
-from torch.distributed.tensor.placement_types import (
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-)
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -144,30 +139,10 @@ SHARDED_INPUT_FAILURES: dict[tuple[str, str, int, tuple[int, ...]], str] = {
         for name in ("view", "reshape")
         for mesh in SWEEP_MESH_SHAPES
     },
-    (
-        "flatten",
-        "",
-        0,
-        (2, 2),
-    ): "'Cannot flatten unevenly sharded tensor' (dim of 5 over 2)",
-    (
-        "flatten",
-        "",
-        1,
-        (2, 2),
-    ): "'Cannot flatten unevenly sharded tensor' (dim of 5 over 2)",
-    (
-        "unbind",
-        "",
-        0,
-        (2, 2),
-    ): "unbind along the sharded dim is disallowed without redistribution",
-    (
-        "unbind",
-        "",
-        1,
-        (2, 2),
-    ): "unbind along the sharded dim is disallowed without redistribution",
+    ("flatten", "", 0, (2, 2)): "'Cannot flatten unevenly sharded tensor' (dim of 5 over 2)",
+    ("flatten", "", 1, (2, 2)): "'Cannot flatten unevenly sharded tensor' (dim of 5 over 2)",
+    ("unbind", "", 0, (2, 2)): "unbind along the sharded dim is disallowed without redistribution",
+    ("unbind", "", 1, (2, 2)): "unbind along the sharded dim is disallowed without redistribution",
     **{
         ("nn.functional.embedding", "", 0, mesh): (
             "row-sharded weight with a 0-d index: LocalTensorMode raises "
@@ -202,9 +177,7 @@ def _opinfos() -> dict[tuple[str, str], Any]:
     return {(o.name, o.variant_test_name): o for o in op_db}
 
 
-def sweep_placements(
-    shape: Sequence[int], mesh_shape: Sequence[int]
-) -> list[Placement]:
+def sweep_placements(shape: Sequence[int], mesh_shape: Sequence[int]) -> list[Placement]:
     """The placements the sweep distributes a tensor of ``shape`` with.
 
     Per mesh dim, in order: Shard the first tensor dim that can still be split so
@@ -241,9 +214,7 @@ def pick_samples(opinfo: Any) -> list[tuple[int, Any]]:
     mesh come first, then the earliest others if there are too few.
     """
     samples = list(
-        itertools.islice(
-            opinfo.sample_inputs("cpu", torch.float32), SAMPLE_SEARCH_LIMIT
-        )
+        itertools.islice(opinfo.sample_inputs("cpu", torch.float32), SAMPLE_SEARCH_LIMIT)
     )
 
     def sharded(sample: Any) -> bool:
@@ -296,12 +267,7 @@ class TestEagerMatchesTorch(StrategyContractTestBase):
         self.assertEqual(sweep_placements((), (2, 2)), [R, R])
 
     def run_distributed(
-        self,
-        op: Any,
-        args: tuple,
-        kwargs: dict,
-        mesh_shape: tuple[int, ...],
-        replicate: bool,
+        self, op: Any, args: tuple, kwargs: dict, mesh_shape: tuple[int, ...], replicate: bool
     ) -> object:
         """``op`` on DTensors of ``args``; each output leaf becomes its per-rank full values."""
         mesh = self.mesh(mesh_shape)
@@ -314,9 +280,7 @@ class TestEagerMatchesTorch(StrategyContractTestBase):
                     placements = sweep_placements(t.shape, mesh_shape)
                 return distribute_tensor(t, mesh, placements)
 
-            dargs, dkwargs = pytree.tree_map_only(
-                torch.Tensor, distribute, (args, kwargs)
-            )
+            dargs, dkwargs = pytree.tree_map_only(torch.Tensor, distribute, (args, kwargs))
             out = op(*dargs, **dkwargs)
             return pytree.tree_map(_rank_values, out)
 
@@ -339,18 +303,11 @@ class TestEagerMatchesTorch(StrategyContractTestBase):
                     flat_got, got_spec = pytree.tree_flatten(
                         got, is_leaf=lambda x: isinstance(x, list)
                     )
-                    self.assertEqual(
-                        len(flat_got), len(flat_expected), f"{got_spec} vs {spec}"
-                    )
-                    for leaf, (per_rank, want) in enumerate(
-                        zip(flat_got, flat_expected)
-                    ):
+                    self.assertEqual(len(flat_got), len(flat_expected), f"{got_spec} vs {spec}")
+                    for leaf, (per_rank, want) in enumerate(zip(flat_got, flat_expected)):
                         for rank, value in enumerate(per_rank):
                             self.assertEqual(
-                                value,
-                                want,
-                                msg=f"output {leaf}, rank {rank}",
-                                exact_dtype=True,
+                                value, want, msg=f"output {leaf}, rank {rank}", exact_dtype=True
                             )
                 ran += 1
         if ran == 0:
@@ -372,12 +329,7 @@ def _format_placement(p: Placement) -> str:
     return repr(p)
 
 
-_DTYPE_NAMES = {
-    torch.float32: "",
-    torch.float64: " f64",
-    torch.int64: " i64",
-    torch.bool: " b",
-}
+_DTYPE_NAMES = {torch.float32: "", torch.float64: " f64", torch.int64: " i64", torch.bool: " b"}
 
 
 def _format_spec(spec: object, with_meta: bool = True) -> str:
@@ -399,8 +351,7 @@ def _format_tensor_args(schema: OpSchema) -> str:
     parts = []
     for arg in schema.args_schema:
         if isinstance(arg, DTensorSpec) or (
-            isinstance(arg, (list, tuple))
-            and any(isinstance(a, DTensorSpec) for a in arg)
+            isinstance(arg, (list, tuple)) and any(isinstance(a, DTensorSpec) for a in arg)
         ):
             parts.append(_format_spec(arg, with_meta=False))
     return ", ".join(parts)
@@ -411,59 +362,31 @@ SELECTION_CASES: dict[
     str, tuple[torch._ops.OpOverload, Callable[[MakeDTensor], tuple], dict[str, Any]]
 ] = {
     "mm row": (aten.mm.default, lambda dt: (dt((8, 6), S0, R), dt((6, 4), R, R)), {}),
-    "mm contracting": (
-        aten.mm.default,
-        lambda dt: (dt((8, 6), S1, R), dt((6, 4), S0, R)),
-        {},
-    ),
-    "mm mismatched": (
-        aten.mm.default,
-        lambda dt: (dt((8, 6), S1, S0), dt((6, 4), R, S1)),
-        {},
-    ),
+    "mm contracting": (aten.mm.default, lambda dt: (dt((8, 6), S1, R), dt((6, 4), S0, R)), {}),
+    "mm mismatched": (aten.mm.default, lambda dt: (dt((8, 6), S1, S0), dt((6, 4), R, S1)), {}),
     "addmm": (
         aten.addmm.default,
         lambda dt: (dt((4,), R, R), dt((8, 6), S0, R), dt((6, 4), R, S1)),
         {},
     ),
-    "add mixed": (
-        aten.add.Tensor,
-        lambda dt: (dt((8, 6), S0, R), dt((8, 6), R, S1)),
-        {},
-    ),
-    "add partial": (
-        aten.add.Tensor,
-        lambda dt: (dt((8, 6), P, R), dt((8, 6), P, R)),
-        {},
-    ),
+    "add mixed": (aten.add.Tensor, lambda dt: (dt((8, 6), S0, R), dt((8, 6), R, S1)), {}),
+    "add partial": (aten.add.Tensor, lambda dt: (dt((8, 6), P, R), dt((8, 6), P, R)), {}),
     "mul partial scalar": (aten.mul.Tensor, lambda dt: (dt((8, 6), P, S0), 2.0), {}),
     "t": (aten.t.default, lambda dt: (dt((8, 6), S0, S1),), {}),
     "sum dim0": (aten.sum.dim_IntList, lambda dt: (dt((8, 6), S0, S1), [0]), {}),
     "max.dim": (aten.max.dim, lambda dt: (dt((8, 6), S0, S1), 1), {}),
     "sort": (aten.sort.default, lambda dt: (dt((8, 6), S1, S0), 1), {}),
     "topk": (aten.topk.default, lambda dt: (dt((8, 6), S0, S1), 2, 1), {}),
-    "_to_copy": (
-        aten._to_copy.default,
-        lambda dt: (dt((8, 6), P, S1),),
-        {"dtype": torch.float64},
-    ),
+    "_to_copy": (aten._to_copy.default, lambda dt: (dt((8, 6), P, S1),), {"dtype": torch.float64}),
     "layer_norm": (
         aten.native_layer_norm.default,
         lambda dt: (dt((8, 6), S0, S1), [6], dt((6,), R, R), dt((6,), R, R), 1e-5),
         {},
     ),
-    "_log_softmax": (
-        aten._log_softmax.default,
-        lambda dt: (dt((8, 6), S0, S1), 1, False),
-        {},
-    ),
+    "_log_softmax": (aten._log_softmax.default, lambda dt: (dt((8, 6), S0, S1), 1, False), {}),
     "view": (aten.view.default, lambda dt: (dt((8, 6), S0, R), [4, 2, 6]), {}),
     "split": (aten.split.Tensor, lambda dt: (dt((8, 6), S0, S1), 2, 1), {}),
-    "cat": (
-        aten.cat.default,
-        lambda dt: ([dt((8, 6), S0, R), dt((8, 6), S1, R)], 0),
-        {},
-    ),
+    "cat": (aten.cat.default, lambda dt: ([dt((8, 6), S0, R), dt((8, 6), S1, R)], 0), {}),
     "index_select": (
         aten.index_select.default,
         lambda dt: (dt((8, 6), S0, S1), 0, dt((3,), R, R, dtype=torch.int64)),
@@ -477,40 +400,18 @@ SELECTION_CASES: dict[
         ),
         {},
     ),
-    "hardswish (decomp)": (
-        aten.hardswish.default,
-        lambda dt: (dt((8, 6), S0, S1),),
-        {},
-    ),
-    "mv (decomp)": (
-        aten.mv.default,
-        lambda dt: (dt((8, 6), S0, S1), dt((6,), S0, R)),
-        {},
-    ),
+    "hardswish (decomp)": (aten.hardswish.default, lambda dt: (dt((8, 6), S0, S1),), {}),
+    "mv (decomp)": (aten.mv.default, lambda dt: (dt((8, 6), S0, S1), dt((6,), S0, R)), {}),
 }
 
 
 class TestRuntimeSelections(StrategyContractTestBase):
-    def dt(
-        self,
-        shape: Sequence[int],
-        *placements: Placement,
-        dtype: torch.dtype = torch.float32,
-    ) -> DTensor:
+    def dt(self, shape: Sequence[int], *placements: Placement, dtype: torch.dtype = torch.float32) -> DTensor:
         """A DTensor on the 2x2 mesh (values are irrelevant: the PG is fake)."""
         m = self.mesh((2, 2))
-        base = distribute_tensor(
-            torch.randn(shape).to(dtype),
-            m,
-            [R if p.is_partial() else p for p in placements],
-        )
+        base = distribute_tensor(torch.randn(shape).to(dtype), m, [R if p.is_partial() else p for p in placements])
         return DTensor.from_local(
-            base.to_local(),
-            m,
-            placements,
-            run_check=False,
-            shape=base.shape,
-            stride=base.stride(),
+            base.to_local(), m, placements, run_check=False, shape=base.shape, stride=base.stride()
         )
 
     def test_selections_match_stock(self) -> None:
@@ -535,23 +436,15 @@ class TestRuntimeSelections(StrategyContractTestBase):
             if sharding.needs_redistribute:
                 suggestion = sharding.redistribute_schema
                 line += " | redistribute ["
-                line += (
-                    _format_tensor_args(suggestion)
-                    if suggestion is not None
-                    else "None"
-                )
+                line += _format_tensor_args(suggestion) if suggestion is not None else "None"
                 line += "]"
                 if sharding.use_val_from_redistribute_schema and suggestion is not None:
                     values = [
-                        a
-                        for a in suggestion.args_schema
-                        if not isinstance(a, DTensorSpec)
+                        a for a in suggestion.args_schema if not isinstance(a, DTensorSpec)
                     ]
                     line += f" args={values}"
             lines.append(line)
-        self.assertExpectedInline(
-            "\n".join(lines),
-            """\
+        self.assertExpectedInline("\n".join(lines), """\
 mm row: aten.mm.default [S(0)R, RR] -> S(0)R[8x4]
 mm contracting: aten.mm.default [S(1)R, S(0)R] -> P(sum)R[8x4]
 mm mismatched: aten.mm.default [S(1)S(0), RS(1)] -> P(sum)S(0)[8x4] | redistribute [S(1)S(0), S(0)R]
@@ -573,8 +466,7 @@ cat: aten.cat.default [(S(0)R, S(1)R)] -> S(1)R[16x6] | redistribute [S(1)R, S(1
 index_select: aten.index_select.default [S(0)S(1), RR] -> RS(1)[3x6] | redistribute [RS(1), RR]
 _foreach_add: aten._foreach_add.List [(S(0)R, RR), (RS(1), S(0)R)] -> (S(0)S(1)[8x6], S(0)R[4]) | redistribute [(S(0)S(1), S(0)R), (S(0)S(1), S(0)R)]
 hardswish (decomp): aten.hardswish.default [S(0)S(1)] -> S(0)S(1)[8x6]
-mv (decomp): aten.mv.default [S(0)S(1), S(0)R] -> S(0)P(sum)[8] | redistribute [S(0)S(1), RS(0)]""",
-        )  # noqa: B950
+mv (decomp): aten.mv.default [S(0)S(1), S(0)R] -> S(0)P(sum)[8] | redistribute [S(0)S(1), RS(0)]""")  # noqa: B950
 
 
 instantiate_parametrized_tests(TestEagerMatchesTorch)

@@ -42,11 +42,7 @@ aten = torch.ops.aten
 
 class TestExpansionWithCallerMetas(StrategyOpsTestBase):
     def expand_with_metas(
-        self,
-        mesh: DeviceMesh,
-        op: torch._ops.OpOverload,
-        args: Sequence[object],
-        metas: object,
+        self, mesh: DeviceMesh, op: torch._ops.OpOverload, args: Sequence[object], metas: object
     ) -> tuple[OpSchema, StrategyType]:
         """Expand ``op``'s single-dim strategy with caller-supplied ``metas``, as
         DTensor's own callers and tests call ``_expand_single_dim_strategy_to_mesh``."""
@@ -56,9 +52,7 @@ class TestExpansionWithCallerMetas(StrategyOpsTestBase):
 
         self.assertEqual(strategy_registry(op), "single_dim")
         schema = strategy_schema(mesh, op, args, None, sharded_candidate())
-        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[
-            op
-        ]
+        info = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs[op]
         expand = _expand_single_dim_strategy_to_mesh(mesh, schema, info, metas)
         return schema, expand(op, schema.args_meta, schema.kwargs_meta)
 
@@ -76,9 +70,7 @@ class TestExpansionWithCallerMetas(StrategyOpsTestBase):
         for op, args, n_inputs in cases:
             for metas in (self_metas, tuple(self_metas), None):
                 with self.subTest(op=str(op), metas=type(metas).__name__):
-                    schema, strategy = self.expand_with_metas(
-                        self.mesh(shape), op, args, metas
-                    )
+                    schema, strategy = self.expand_with_metas(self.mesh(shape), op, args, metas)
                     self.assert_contract(schema, strategy)
                     self.assert_children(strategy, [None] * len(xs), n_inputs)
 
@@ -98,36 +90,12 @@ class TestExpansionWithCallerMetas(StrategyOpsTestBase):
         cases = [
             ("one meta", aten.mm.default, (x, y), mm_meta, [mm_meta]),
             ("one-element list", aten.mm.default, (x, y), [mm_meta], [mm_meta]),
-            (
-                "list for one tensor",
-                aten.mm.default,
-                (x, y),
-                [mm_meta, mm_meta],
-                [mm_meta],
-            ),
+            ("list for one tensor", aten.mm.default, (x, y), [mm_meta, mm_meta], [mm_meta]),
             ("per element", aten._foreach_add.List, (xs, ys), add_metas, None),
             ("too few elements", aten._foreach_add.List, (xs, ys), add_metas[:1], None),
-            (
-                "one meta for a list",
-                aten._foreach_add.List,
-                (xs, ys),
-                add_metas[0],
-                None,
-            ),
-            (
-                "None entries",
-                aten.native_layer_norm_backward.default,
-                ln_args,
-                ln_metas,
-                ln_metas,
-            ),
-            (
-                "too few outputs",
-                aten.native_layer_norm_backward.default,
-                ln_args,
-                ln_metas[1:],
-                ln_metas,
-            ),
+            ("one meta for a list", aten._foreach_add.List, (xs, ys), add_metas[0], None),
+            ("None entries", aten.native_layer_norm_backward.default, ln_args, ln_metas, ln_metas),
+            ("too few outputs", aten.native_layer_norm_backward.default, ln_args, ln_metas[1:], ln_metas),
         ]
         for label, op, args, metas, expected in cases:
             with self.subTest(case=label):

@@ -30,14 +30,7 @@ class TestRedistributeCostCache(StrategyContractTestBase):
 
         mesh = self.mesh((2, 2))
         placements = [
-            (R, R),
-            (S0, R),
-            (R, S1),
-            (S0, S1),
-            (S1, S0),
-            (P, R),
-            (R, P),
-            (S0, S0),
+            (R, R), (S0, R), (R, S1), (S0, S1), (S1, S0), (P, R), (R, P), (S0, S0),
             (_StridedShard(0, split_factor=2), S0),
         ]
         specs = []
@@ -82,21 +75,15 @@ class TestRedistributeCostCache(StrategyContractTestBase):
         mesh = self.mesh((2, 2))
         meta = meta_of(torch.empty(8, 6))
         candidates = [(R, R), (S0, R), (R, S1), (P, R)]
-        targets = [
-            DTensorSpec(mesh, p, tensor_meta=meta) for p in ((S0, S1), (R, R), (P, P))
-        ]
+        targets = [DTensorSpec(mesh, p, tensor_meta=meta) for p in ((S0, S1), (R, R), (P, P))]
 
-        def sources() -> list[
-            DTensorSpec
-        ]:  # new objects each time, as for another tensor
+        def sources() -> list[DTensorSpec]:  # new objects each time, as for another tensor
             return [DTensorSpec(mesh, p, tensor_meta=meta) for p in candidates]
 
         cache.clear_cost_cache()
         rows = cache.CostRows(sources())
         for dst in targets:
-            self.assertEqual(
-                rows.row(dst), [redistribute_cost(s, dst) for s in sources()]
-            )
+            self.assertEqual(rows.row(dst), [redistribute_cost(s, dst) for s in sources()])
         filled = cache.cost_cache_size()
         self.assertEqual(filled, len(targets))
         again = cache.CostRows(sources())
@@ -122,6 +109,7 @@ class TestRedistributeCostCache(StrategyContractTestBase):
         self.assertEqual(cache.cost_cache_size(), 0)
 
 
+
 class TestShardableCache(StrategyContractTestBase):
     def test_answers_equal_is_tensor_shardable(self) -> None:
         from torch.distributed.tensor._ops import _shardable_cache as cache
@@ -134,9 +122,7 @@ class TestShardableCache(StrategyContractTestBase):
                 for placements in ((S0, R), (S0, S0), (R, S1), (S1, S0), (P, R)):
                     spec = DTensorSpec(mesh, placements)
                     self.assertEqual(
-                        cache.cached_is_shardable(
-                            is_tensor_shardable, shape, spec, None
-                        ),
+                        cache.cached_is_shardable(is_tensor_shardable, shape, spec, None),
                         is_tensor_shardable(shape, spec),
                         f"{shape} {placements}",
                     )
@@ -172,9 +158,7 @@ class TestExpansionPositions(StrategyContractTestBase):
         self.assertFalse(mixes_partials(DTensorSpec(mesh, (p_max, p_max)), kinds))
         self.assertTrue(mixes_partials(DTensorSpec(mesh, (p_sum, p_max)), kinds))
         # a Partial the rules do not hold (not by identity) is not judged
-        self.assertFalse(
-            mixes_partials(DTensorSpec(mesh, (Partial("max"), p_sum)), kinds)
-        )
+        self.assertFalse(mixes_partials(DTensorSpec(mesh, (Partial("max"), p_sum)), kinds))
 
 
 if __name__ == "__main__":

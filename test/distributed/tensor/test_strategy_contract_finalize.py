@@ -55,44 +55,33 @@ def follow_input(
     candidate as input spec (none with ``derive``: DTensor's "inputs follow the
     output" convention), no costs."""
     first = tensor_inputs(schema)[0]
-    return OpStrategy(
-        [
-            OpSpec(
-                outputs(bare(c.output_spec)), None if derive else [bare(c.output_spec)]
-            )
-            for c in first.strategies
-        ]
-    )
+    return OpStrategy([
+        OpSpec(outputs(bare(c.output_spec)), None if derive else [bare(c.output_spec)])
+        for c in first.strategies
+    ])
 
 
 # Strategies a hand-written rule gives and the finalizer completes:
 # (case, op, args, strategy builder).
 COMPLETED = {
     # metas, input specs and costs all left out
-    "bare_output": (
-        aten.relu.default,
-        lambda s: follow_input(s, lambda o: o, derive=True),
-    ),
+    "bare_output": (aten.relu.default, lambda s: follow_input(s, lambda o: o, derive=True)),
     # one spec for a two-result op: both results take its placements
     "one_spec_for_two_results": (aten.max.dim, lambda s: follow_input(s, lambda o: o)),
     # a spec where the op returns None (output_mask False): None
     "spec_for_none_result": (
         aten.native_layer_norm_backward.default,
         lambda s: OpStrategy(
-            [
-                OpSpec((bare(c.output_spec),) * 3, [bare(c.output_spec)] * 6)
-                for c in tensor_inputs(s)[0].strategies[:1]
-            ]
+            [OpSpec((bare(c.output_spec),) * 3, [bare(c.output_spec)] * 6)
+             for c in tensor_inputs(s)[0].strategies[:1]]
         ),
     ),
     # a cost row shorter than the input's candidates
     "short_cost_row": (
         aten.relu.default,
         lambda s: OpStrategy(
-            [
-                OpSpec(bare(c.output_spec), [bare(c.output_spec)], [[0.0]])
-                for c in tensor_inputs(s)[0].strategies
-            ]
+            [OpSpec(bare(c.output_spec), [bare(c.output_spec)], [[0.0]])
+             for c in tensor_inputs(s)[0].strategies]
         ),
     ),
 }
@@ -104,29 +93,16 @@ def case_args(op: torch._ops.OpOverload) -> tuple[tuple, dict]:
         return (x, 1), {}
     if op is aten.native_layer_norm_backward.default:
         mean, rstd = torch.randn(8, 1), torch.randn(8, 1)
-        return (
-            x,
-            x,
-            [6],
-            mean,
-            rstd,
-            torch.randn(6),
-            torch.randn(6),
-            [True, False, False],
-        ), {}
+        return (x, x, [6], mean, rstd, torch.randn(6), torch.randn(6), [True, False, False]), {}
     return (x,), {}
 
 
 class TestFinalizeStrategy(StrategyContractTestBase):
-    def schema(
-        self, op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None
-    ) -> OpSchema:
+    def schema(self, op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None) -> OpSchema:
         return strategy_schema(self.mesh((2, 2)), op, args, kwargs, planner_candidates)
 
     def finalize(self, schema: OpSchema, strategy: StrategyType) -> StrategyType:
-        return fin.finalize_strategy(
-            schema, strategy, infer_output_metas(schema), "hand_made"
-        )
+        return fin.finalize_strategy(schema, strategy, infer_output_metas(schema), "hand_made")
 
     @parametrize("case", list(COMPLETED))
     def test_completes(self, case: str) -> None:
@@ -139,18 +115,11 @@ class TestFinalizeStrategy(StrategyContractTestBase):
         schema = self.schema(aten.relu.default, (torch.randn(8, 6),))
         done = self.finalize(schema, follow_input(schema, lambda o: o))
         metas = infer_output_metas(schema)
-        rebuilt = OpStrategy(
-            [
-                OpSpec(
-                    DTensorSpec(
-                        s.output_spec.mesh, s.output_spec.placements, tensor_meta=metas
-                    ),
-                    s.input_specs,
-                    s.redistribute_cost,
-                )
-                for s in done.strategies
-            ]
-        )
+        rebuilt = OpStrategy([
+            OpSpec(DTensorSpec(s.output_spec.mesh, s.output_spec.placements, tensor_meta=metas),
+                   s.input_specs, s.redistribute_cost)
+            for s in done.strategies
+        ])
         again = fin.finalize_strategy(schema, rebuilt, metas, "complete")
         self.assertEqual(len(again.strategies), len(rebuilt.strategies))
         for kept, given in zip(again.strategies, rebuilt.strategies):
@@ -158,8 +127,7 @@ class TestFinalizeStrategy(StrategyContractTestBase):
 
     def test_tuple_strategy_children(self) -> None:
         schema = self.schema(
-            aten._foreach_add.List,
-            ([torch.randn(8, 6), torch.randn(4)], [torch.randn(8, 6), torch.randn(4)]),
+            aten._foreach_add.List, ([torch.randn(8, 6), torch.randn(4)], [torch.randn(8, 6), torch.randn(4)])
         )
         children = [
             OpStrategy([OpSpec(bare(c.output_spec)) for c in child.strategies])
@@ -170,52 +138,29 @@ class TestFinalizeStrategy(StrategyContractTestBase):
     # (case, op, strategy builder, position named, message part)
     REJECTED = {
         "three_specs_for_two_results": (
-            aten.max.dim,
-            lambda s: follow_input(s, lambda o: (o, o, o)),
-            "output",
-            "the op has 2 results",
+            aten.max.dim, lambda s: follow_input(s, lambda o: (o, o, o)), "output", "the op has 2 results"
         ),
         "none_for_tensor_result": (
-            aten.relu.default,
-            lambda s: follow_input(s, lambda o: None),
-            "output",
+            aten.relu.default, lambda s: follow_input(s, lambda o: None), "output",
             "the op returns a tensor but the spec is None",
         ),
         "tuple_child_none_for_tensor_result": (
             aten._foreach_neg.default,
-            lambda s: TupleStrategy(
-                [
-                    follow_input(
-                        OpSchema(s.op, (child,), {}),
-                        lambda o, i=i: None if i == 1 else o,
-                    )
-                    for i, child in enumerate(s.args_schema[0].children)
-                ]
-            ),
-            "output",
-            "(child 1)",
+            lambda s: TupleStrategy([
+                follow_input(OpSchema(s.op, (child,), {}), lambda o, i=i: None if i == 1 else o)
+                for i, child in enumerate(s.args_schema[0].children)
+            ]),
+            "output", "(child 1)",
         ),
         "input_spec_not_a_dtensor_spec": (
             aten.relu.default,
-            lambda s: OpStrategy(
-                [
-                    OpSpec(bare(c.output_spec), [None])
-                    for c in tensor_inputs(s)[0].strategies
-                ]
-            ),
-            "input 0",
-            "expected a DTensorSpec, got None",
+            lambda s: OpStrategy([OpSpec(bare(c.output_spec), [None]) for c in tensor_inputs(s)[0].strategies]),
+            "input 0", "expected a DTensorSpec, got None",
         ),
         "fewer_input_specs_than_positional_inputs": (
             aten.add.Tensor,
-            lambda s: OpStrategy(
-                [
-                    OpSpec(bare(c.output_spec), [c.output_spec])
-                    for c in tensor_inputs(s)[0].strategies
-                ]
-            ),
-            "input_specs",
-            "the op has 2 tensor inputs but the spec lists 1",
+            lambda s: OpStrategy([OpSpec(bare(c.output_spec), [c.output_spec]) for c in tensor_inputs(s)[0].strategies]),
+            "input_specs", "the op has 2 tensor inputs but the spec lists 1",
         ),
     }
 
@@ -223,11 +168,7 @@ class TestFinalizeStrategy(StrategyContractTestBase):
     def test_rejects_naming_op_strategy_and_position(self, case: str) -> None:
         op, build, position, problem = self.REJECTED[case]
         x = torch.randn(8, 6)
-        args = {
-            aten.max.dim: (x, 1),
-            aten._foreach_neg.default: ([x, x],),
-            aten.add.Tensor: (x, x),
-        }.get(op, (x,))
+        args = {aten.max.dim: (x, 1), aten._foreach_neg.default: ([x, x],), aten.add.Tensor: (x, x)}.get(op, (x,))
         schema = self.schema(op, args)
         with self.assertRaises(fin.StrategyContractError) as ctx:
             self.finalize(schema, build(schema))
@@ -257,9 +198,7 @@ class TestFinalizeStrategy(StrategyContractTestBase):
         func = fin.FinalizedStrategyFunc(rule)
         self.assertEqual(func.__name__, "rule")
         x = torch.randn(8, 6)
-        schema = strategy_schema(
-            self.mesh((2, 2)), aten.sum.dim_IntList, (x, [1]), None, planner_candidates
-        )
+        schema = strategy_schema(self.mesh((2, 2)), aten.sum.dim_IntList, (x, [1]), None, planner_candidates)
         self.assert_contract(schema, func(schema))
         # keepdim and dtype, left out of the call, are filled with their defaults
         self.assertEqual(seen[0].args_schema[2:], (False,))

@@ -32,12 +32,7 @@ from torch._ops import OpOverload
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import TensorMeta
-from torch.distributed.tensor._op_schema import (
-    OpSchema,
-    OpSpec,
-    OpStrategy,
-    TupleStrategy,
-)
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
 from torch.distributed.tensor._ops.single_dim_strategy import (
     _resolve_foreach_elementwise_overload,
     _ShardingPlaceholder,
@@ -218,9 +213,7 @@ def planner_expansion(
     # registration has no such field) reject combinations the rule cannot run.
     flt = getattr(info, "full_mesh_strategy_filter", None)
     if flt is not None:
-        extra["full_mesh_strategy_filter"] = lambda ins, outs: flt(
-            mesh, schema, ins, outs
-        )
+        extra["full_mesh_strategy_filter"] = lambda ins, outs: flt(mesh, schema, ins, outs)
     return expand_to_full_mesh_op_strategy(
         mesh,
         schema,
@@ -254,9 +247,7 @@ def missing_strategies(schema: OpSchema) -> list[str]:
                 for a in schema.args_schema
             )
             element = OpSchema(element_op, args, schema.kwargs_schema)
-            pairs.append(
-                (f"element {i}: ", element, element_output_metas(op, metas, i), child)
-            )
+            pairs.append((f"element {i}: ", element, element_output_metas(op, metas, i), child))
     lacking = []
     for where, element, element_metas, got in pairs:
         returned = _returned(element_metas)
@@ -281,14 +272,11 @@ class TestPlannerAnswerFullSpace(StrategyContractTestBase):
             lacking = missing_strategies(schema)
             if lacking:
                 failures.append(f"{op}: {len(lacking)} missing, e.g. {lacking[0]}")
-        self.assertGreater(
-            compared, 0, "no call of an op with a single-dim rule to ask about"
-        )
+        self.assertGreater(compared, 0, "no call of an op with a single-dim rule to ask about")
         if failures:
             self.fail(
                 f"{len(failures)} of {compared} ops: get_op_strategy lacks strategies a "
-                "planner's own expansion of the rule finds:\n"
-                + "\n".join(failures[:20])
+                "planner's own expansion of the rule finds:\n" + "\n".join(failures[:20])
             )
 
 

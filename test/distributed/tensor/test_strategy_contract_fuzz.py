@@ -83,15 +83,7 @@ from typing import Any
 from unittest import mock
 
 import torch
-from hypothesis import (
-    given,
-    HealthCheck,
-    Phase,
-    reject,
-    seed,
-    settings,
-    strategies as st,
-)
+from hypothesis import given, HealthCheck, Phase, reject, seed, settings, strategies as st
 from torch._ops import OpOverload
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -143,7 +135,6 @@ aten = torch.ops.aten
 TOTAL_EXAMPLES = int(os.environ.get("DTENSOR_FUZZ_EXAMPLES", "2000"))
 FUZZ_SEED = int(os.environ.get("DTENSOR_FUZZ_SEED", "20261130"))
 
-
 def examples_for(weight: int) -> int:
     """A family's share (``weight`` percent) of ``TOTAL_EXAMPLES``, rounded up."""
     return max(1, math.ceil(TOTAL_EXAMPLES * weight / 100))
@@ -188,9 +179,7 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def dims(
-    min_size: int = 0, max_size: int = 4, sizes: Sequence[int] = DIM_SIZES
-) -> st.SearchStrategy[list[int]]:
+def dims(min_size: int = 0, max_size: int = 4, sizes: Sequence[int] = DIM_SIZES) -> st.SearchStrategy[list[int]]:
     return st.lists(st.sampled_from(sizes), min_size=min_size, max_size=max_size)
 
 
@@ -259,22 +248,11 @@ def pointwise_calls(draw: st.DrawFn) -> Call:
     if kind == "binary":
         op = draw(
             st.sampled_from(
-                [
-                    aten.add.Tensor,
-                    aten.mul.Tensor,
-                    aten.sub.Tensor,
-                    aten.div.Tensor,
-                    aten.maximum.default,
-                    aten.eq.Tensor,
-                    aten.pow.Tensor_Tensor,
-                ]
+                [aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.div.Tensor,
+                 aten.maximum.default, aten.eq.Tensor, aten.pow.Tensor_Tensor]
             )
         )
-        pool = (
-            ALL_DTYPES
-            if op in (aten.add.Tensor, aten.mul.Tensor, aten.eq.Tensor)
-            else FLOAT_DTYPES + INT_DTYPES
-        )
+        pool = ALL_DTYPES if op in (aten.add.Tensor, aten.mul.Tensor, aten.eq.Tensor) else FLOAT_DTYPES + INT_DTYPES
         a = draw(tensor_meta(draw(broadcast_shape(out)), draw(st.sampled_from(pool))))
         b = draw(tensor_meta(draw(broadcast_shape(out)), draw(st.sampled_from(pool))))
         kwargs: dict[str, Any] = {}
@@ -284,30 +262,18 @@ def pointwise_calls(draw: st.DrawFn) -> Call:
     if kind == "unary":
         op = draw(
             st.sampled_from(
-                [
-                    aten.relu.default,
-                    aten.gelu.default,
-                    aten.exp.default,
-                    aten.neg.default,
-                    aten.sigmoid.default,
-                    aten.abs.default,
-                ]
+                [aten.relu.default, aten.gelu.default, aten.exp.default, aten.neg.default,
+                 aten.sigmoid.default, aten.abs.default]
             )
         )
-        pool = (
-            FLOAT_DTYPES + INT_DTYPES
-            if op in (aten.neg.default, aten.abs.default, aten.relu.default)
-            else FLOAT_DTYPES
-        )
+        pool = FLOAT_DTYPES + INT_DTYPES if op in (aten.neg.default, aten.abs.default, aten.relu.default) else FLOAT_DTYPES
         return op, (draw(tensor_meta(out, draw(st.sampled_from(pool)))),), {}
     if kind == "scalar":
         op = draw(st.sampled_from([aten.add.Scalar, aten.mul.Scalar]))
         x = draw(tensor_meta(out, draw(st.sampled_from(ALL_DTYPES[:-1]))))
         return op, (x, draw(st.sampled_from([2, 0.5]))), {}
     if kind == "ternary":
-        op = draw(
-            st.sampled_from([aten.where.self, aten.addcmul.default, aten.lerp.Scalar])
-        )
+        op = draw(st.sampled_from([aten.where.self, aten.addcmul.default, aten.lerp.Scalar]))
         dtype = draw(st.sampled_from(FLOAT_DTYPES))
         metas = [draw(tensor_meta(draw(broadcast_shape(out)), dtype)) for _ in range(3)]
         if op == aten.where.self:
@@ -338,18 +304,7 @@ FAMILIES: dict[str, tuple[st.SearchStrategy[Call], int]] = {
 
 # Simplest first (hypothesis shrinks towards the front); all fit the fake world of 8.
 MESH_SHAPES: tuple[tuple[int, ...], ...] = (
-    (2,),
-    (4,),
-    (2, 2),
-    (2, 2, 2),
-    (3,),
-    (1,),
-    (8,),
-    (2, 4),
-    (4, 2),
-    (2, 3),
-    (1, 4),
-    (2, 1, 2),
+    (2,), (4,), (2, 2), (2, 2, 2), (3,), (1,), (8,), (2, 4), (4, 2), (2, 3), (1, 4), (2, 1, 2),
 )
 # Candidates per planner input (the all-Replicate one added when not drawn).
 MAX_CANDIDATES = 4
@@ -361,9 +316,7 @@ def is_float(dtype: torch.dtype) -> bool:
 
 
 @st.composite
-def placements_for(
-    draw: st.DrawFn, mesh_shape: tuple[int, ...], meta: TensorMeta
-) -> tuple[Placement, ...]:
+def placements_for(draw: st.DrawFn, mesh_shape: tuple[int, ...], meta: TensorMeta) -> tuple[Placement, ...]:
     """One placement per mesh dim for a tensor with ``meta``.
 
     ``Shard`` may pick any dim, so shards are uneven or empty as often as not;
@@ -393,9 +346,7 @@ def placements_for(
     return tuple(result)
 
 
-def strided_options(
-    mesh_shape: tuple[int, ...], meta: TensorMeta
-) -> list[tuple[int, int | None, int, int]]:
+def strided_options(mesh_shape: tuple[int, ...], meta: TensorMeta) -> list[tuple[int, int | None, int, int]]:
     """(mesh dim, later mesh dim or None, tensor dim, split factor) for valid ``_StridedShard``s."""
     options: list[tuple[int, int | None, int, int]] = []
     for d, size in enumerate(meta.shape):
@@ -413,18 +364,9 @@ def strided_options(
 
 
 @st.composite
-def candidates_for(
-    draw: st.DrawFn, mesh_shape: tuple[int, ...], meta: TensorMeta
-) -> tuple[tuple[Placement, ...], ...]:
+def candidates_for(draw: st.DrawFn, mesh_shape: tuple[int, ...], meta: TensorMeta) -> tuple[tuple[Placement, ...], ...]:
     """A planner's candidates: distinct drawn tuples, all-Replicate among them at a drawn position."""
-    drawn = draw(
-        st.lists(
-            placements_for(mesh_shape, meta),
-            min_size=1,
-            max_size=MAX_CANDIDATES - 1,
-            unique=True,
-        )
-    )
+    drawn = draw(st.lists(placements_for(mesh_shape, meta), min_size=1, max_size=MAX_CANDIDATES - 1, unique=True))
     replicate = (Replicate(),) * len(mesh_shape)
     if replicate not in drawn:
         drawn.insert(draw(st.integers(0, len(drawn))), replicate)
@@ -472,9 +414,7 @@ class FuzzCase:
 
 
 @st.composite
-def fuzz_cases(
-    draw: st.DrawFn, family: str, calls: st.SearchStrategy[Call]
-) -> FuzzCase:
+def fuzz_cases(draw: st.DrawFn, family: str, calls: st.SearchStrategy[Call]) -> FuzzCase:
     op, args, kwargs = draw(calls)
     mesh_shape = draw(st.sampled_from(MESH_SHAPES))
     metas = CapturedCall(op, args, kwargs, family).tensor_metas
@@ -508,9 +448,7 @@ class QueryTimeout(Exception):
 @contextlib.contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
     """Raise QueryTimeout in the block after ``seconds`` (main thread, POSIX only; else no limit)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(
-        signal, "setitimer"
-    ):
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
 
@@ -584,11 +522,7 @@ def named_outcome(exc: BaseException, op: OpOverload, runtime: bool) -> str | No
     message = str(exc)
     if isinstance(exc, QueryTimeout):
         return None  # a query without an answer is a hang, whatever the registry
-    if (
-        runtime
-        and not isinstance(exc, StrategyContractError)
-        and strategy_registry(op) == "decomposition"
-    ):
+    if runtime and not isinstance(exc, StrategyContractError) and strategy_registry(op) == "decomposition":
         # DTensor's dispatch turns any failure of the decomposition into
         # NotImplementedError naming the op (as get_op_strategy does)
         return f"declined: decomposition raised {type(exc).__name__}"
@@ -601,10 +535,7 @@ def named_outcome(exc: BaseException, op: OpOverload, runtime: bool) -> str | No
         extra = next((p for p in EXTRA_RUNTIME_REFUSALS if p in message), None)
         if extra is not None:
             return f"refusal: {extra}"
-        if (
-            isinstance(exc, ValueError)
-            and message == f"DTensor has no sharding strategy for {op}"
-        ):
+        if isinstance(exc, ValueError) and message == f"DTensor has no sharding strategy for {op}":
             return "unregistered"
     return None
 
@@ -614,11 +545,7 @@ def empty_children(strategy: StrategyType) -> list[str]:
     if isinstance(strategy, OpStrategy):
         return [] if strategy.strategies else ["the strategy"]
     if isinstance(strategy, TupleStrategy):
-        return [
-            f"child {i}"
-            for i, c in enumerate(strategy.children)
-            if isinstance(c, OpStrategy) and not c.strategies
-        ]
+        return [f"child {i}" for i, c in enumerate(strategy.children) if isinstance(c, OpStrategy) and not c.strategies]
     return []
 
 
@@ -627,9 +554,7 @@ def count(kind: str, outcome: str, case: FuzzCase, detail: str = "") -> None:
     if (kind, outcome) not in FIRST_SEEN and outcome != "strategy checked":
         where = f"{case.call} on mesh {case.mesh_shape}"
         if kind == "runtime":
-            where += (
-                f", placements {', '.join(placement_text(p) for p in case.runtime)}"
-            )
+            where += f", placements {', '.join(placement_text(p) for p in case.runtime)}"
         FIRST_SEEN[(kind, outcome)] = where + (f": {detail}" if detail else "")
 
 
@@ -645,18 +570,10 @@ def short_traceback(exc: BaseException, frames: int = 8) -> str:
 def _drop_meta_on_size1(strategy: StrategyType) -> StrategyType:
     def fix(spec: OpSpec) -> None:
         outs = spec.output_specs
-        if (
-            isinstance(outs, DTensorSpec)
-            and outs.tensor_meta is not None
-            and 1 in outs.tensor_meta.shape
-        ):
-            spec.output_specs = DTensorSpec(
-                outs.mesh, outs.placements, tensor_meta=None
-            )
+        if isinstance(outs, DTensorSpec) and outs.tensor_meta is not None and 1 in outs.tensor_meta.shape:
+            spec.output_specs = DTensorSpec(outs.mesh, outs.placements, tensor_meta=None)
 
-    for child in (
-        strategy.children if isinstance(strategy, TupleStrategy) else [strategy]
-    ):
+    for child in strategy.children if isinstance(strategy, TupleStrategy) else [strategy]:
         if isinstance(child, OpStrategy) and child.mesh.ndim >= 2:
             for spec in child.strategies:
                 fix(spec)
@@ -674,19 +591,13 @@ def _break_route(transform: Callable[[StrategyType], StrategyType]) -> Any:
 
 
 def _copy_input_meta(strategy: StrategyType) -> StrategyType:
-    for child in (
-        strategy.children if isinstance(strategy, TupleStrategy) else [strategy]
-    ):
+    for child in strategy.children if isinstance(strategy, TupleStrategy) else [strategy]:
         if not isinstance(child, OpStrategy):
             continue
         for spec in child.strategies:
             outs = spec.output_specs
             if isinstance(outs, DTensorSpec) and spec.input_specs:
-                spec.output_specs = DTensorSpec(
-                    outs.mesh,
-                    outs.placements,
-                    tensor_meta=spec.input_specs[0].tensor_meta,
-                )
+                spec.output_specs = DTensorSpec(outs.mesh, outs.placements, tensor_meta=spec.input_specs[0].tensor_meta)
     return strategy
 
 
@@ -726,13 +637,8 @@ class FuzzTestBase(StrategyContractTestBase):
         name = os.environ.get("DTENSOR_FUZZ_BREAK")
         if name:
             if name not in BROKEN_VARIANTS:
-                raise ValueError(
-                    f"DTENSOR_FUZZ_BREAK={name!r}: not one of {sorted(BROKEN_VARIANTS)}"
-                )
-            print(
-                f"fuzzing a broken DTensor: {name}: {BROKEN_VARIANTS[name][0]}",
-                file=sys.stderr,
-            )
+                raise ValueError(f"DTENSOR_FUZZ_BREAK={name!r}: not one of {sorted(BROKEN_VARIANTS)}")
+            print(f"fuzzing a broken DTensor: {name}: {BROKEN_VARIANTS[name][0]}", file=sys.stderr)
             cls._break = BROKEN_VARIANTS[name][1]()
             cls._break.start()
 
@@ -748,9 +654,7 @@ class FuzzTestBase(StrategyContractTestBase):
         propagator = DTensor._op_dispatcher.sharding_propagator
         mesh = self.mesh(case.mesh_shape)
         per_input = iter(case.candidates)
-        planner = strategy_schema(
-            mesh, case.op, case.args, case.kwargs, lambda _m, _meta: next(per_input)
-        )
+        planner = strategy_schema(mesh, case.op, case.args, case.kwargs, lambda _m, _meta: next(per_input))
         try:
             expected = infer_output_metas(planner)
         except Exception as e:
@@ -760,27 +664,13 @@ class FuzzTestBase(StrategyContractTestBase):
         for name, (known, hangs) in self.known_hangs.items():
             if hangs(case):
                 for kind in ("planner", "runtime"):
-                    count(
-                        kind, f"KNOWN FAILURE: {name} (query skipped, it hangs)", case
-                    )
+                    count(kind, f"KNOWN FAILURE: {name} (query skipped, it hangs)", case)
                 return
-        self.judge(
-            case,
-            "planner",
-            planner,
-            lambda: propagator.get_op_strategy(planner),
-            expected,
-        )
+        self.judge(case, "planner", planner, lambda: propagator.get_op_strategy(planner), expected)
 
         runtime = runtime_schema(mesh, case.op, case.args, case.kwargs, case.runtime)
         wrapped = propagator._wrap_with_op_strategy(runtime)
-        self.judge(
-            case,
-            "runtime",
-            wrapped,
-            lambda: query_strategy(wrapped, mesh, runtime),
-            expected,
-        )
+        self.judge(case, "runtime", wrapped, lambda: query_strategy(wrapped, mesh, runtime), expected)
 
     def judge(
         self,
@@ -796,10 +686,7 @@ class FuzzTestBase(StrategyContractTestBase):
                 strategy = ask()
         except Exception as e:
             outcome = named_outcome(e, case.op, is_runtime)
-            if (
-                outcome is None
-                and known_failure(e, case, kind, self.known_failures) is not None
-            ):
+            if outcome is None and known_failure(e, case, kind, self.known_failures) is not None:
                 outcome = f"KNOWN FAILURE: {case.op}"
             if outcome is None:
                 OUTCOMES[(kind, "UNEXPLAINED")] += 1
@@ -814,12 +701,7 @@ class FuzzTestBase(StrategyContractTestBase):
                     f"{kind} query raised an exception that is no named outcome: "
                     f"{type(e).__name__}: {e}\n{case!r}\n{short_traceback(e)}"
                 )
-            count(
-                kind,
-                outcome,
-                case,
-                f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
-            )
+            count(kind, outcome, case, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
             return
         if strategy is None:
             if not is_runtime:
@@ -848,9 +730,7 @@ class FuzzTestBase(StrategyContractTestBase):
         count(kind, "strategy checked", case)
 
 
-def family_test(
-    family: str, calls: st.SearchStrategy[Call], weight: int
-) -> Callable[..., None]:
+def family_test(family: str, calls: st.SearchStrategy[Call], weight: int) -> Callable[..., None]:
     """The hypothesis test of one family: fixed seed, ``weight`` percent of the examples."""
 
     @seed(FUZZ_SEED)
@@ -868,11 +748,7 @@ class TestStrategyContractFuzz(FuzzTestBase):
 
 
 for _family, (_calls, _weight) in FAMILIES.items():
-    setattr(
-        TestStrategyContractFuzz,
-        f"test_{_family}",
-        family_test(_family, _calls, _weight),
-    )
+    setattr(TestStrategyContractFuzz, f"test_{_family}", family_test(_family, _calls, _weight))
 
 
 def report_outcomes() -> None:
@@ -885,9 +761,7 @@ def report_outcomes() -> None:
         "examples_run_total": sum(EXAMPLES.values()),
         "rejected_by_shape_inference": dict(REJECTED),
         "outcomes": {f"{k}: {o}": n for (k, o), n in sorted(OUTCOMES.items())},
-        "first_seen": {
-            f"{k}: {o}": text for (k, o), text in sorted(FIRST_SEEN.items())
-        },
+        "first_seen": {f"{k}: {o}": text for (k, o), text in sorted(FIRST_SEEN.items())},
         "seconds": round(time.monotonic() - STARTED, 1),
         "broken_variant": os.environ.get("DTENSOR_FUZZ_BREAK"),
     }

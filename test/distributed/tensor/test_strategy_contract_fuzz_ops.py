@@ -55,23 +55,13 @@ def inplace_out_calls(draw: st.DrawFn) -> Call:
     if kind == "inplace":
         op = draw(
             st.sampled_from(
-                [
-                    aten.add_.Tensor,
-                    aten.mul_.Tensor,
-                    aten.div_.Tensor,
-                    aten.relu_.default,
-                    aten.addcmul_.default,
-                    aten.copy_.default,
-                ]
+                [aten.add_.Tensor, aten.mul_.Tensor, aten.div_.Tensor, aten.relu_.default,
+                 aten.addcmul_.default, aten.copy_.default]
             )
         )
         dtype = draw(st.sampled_from(FLOAT_DTYPES))
         self_ = draw(tensor_meta(shape, dtype, WRITABLE_LAYOUTS))
-        other_dtype = draw(
-            st.sampled_from(
-                ALL_DTYPES if op == aten.copy_.default else (dtype,) + INT_DTYPES
-            )
-        )
+        other_dtype = draw(st.sampled_from(ALL_DTYPES if op == aten.copy_.default else (dtype,) + INT_DTYPES))
         other = draw(tensor_meta(draw(broadcast_shape(shape)), other_dtype))
         if op == aten.relu_.default:
             return op, (self_,), {}
@@ -90,18 +80,8 @@ def inplace_out_calls(draw: st.DrawFn) -> Call:
         dtype = draw(st.sampled_from(FLOAT_DTYPES))
         x = draw(tensor_meta(shape, dtype))
         return op, (x,), {"out": draw(tensor_meta(shape, dtype, WRITABLE_LAYOUTS))}
-    a = draw(
-        tensor_meta(
-            draw(broadcast_shape(shape)),
-            draw(st.sampled_from(FLOAT_DTYPES + INT_DTYPES)),
-        )
-    )
-    b = draw(
-        tensor_meta(
-            draw(broadcast_shape(shape)),
-            draw(st.sampled_from(FLOAT_DTYPES + INT_DTYPES)),
-        )
-    )
+    a = draw(tensor_meta(draw(broadcast_shape(shape)), draw(st.sampled_from(FLOAT_DTYPES + INT_DTYPES))))
+    b = draw(tensor_meta(draw(broadcast_shape(shape)), draw(st.sampled_from(FLOAT_DTYPES + INT_DTYPES))))
     result = list(torch.broadcast_shapes(a.shape, b.shape))
     out = draw(tensor_meta(result, promote(a.dtype, b.dtype), WRITABLE_LAYOUTS))
     return op, (a, b), {"out": out}
@@ -109,16 +89,7 @@ def inplace_out_calls(draw: st.DrawFn) -> Call:
 
 @st.composite
 def matmul_calls(draw: st.DrawFn) -> Call:
-    op = draw(
-        st.sampled_from(
-            [
-                aten.mm.default,
-                aten.addmm.default,
-                aten.bmm.default,
-                aten.baddbmm.default,
-            ]
-        )
-    )
+    op = draw(st.sampled_from([aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default]))
     dtype = draw(st.sampled_from(FLOAT_DTYPES))
     m, k, n = draw(dims(3, 3))
     batched = op in (aten.bmm.default, aten.baddbmm.default)
@@ -138,46 +109,17 @@ def matmul_calls(draw: st.DrawFn) -> Call:
 def reduction_calls(draw: st.DrawFn) -> Call:
     op = draw(
         st.sampled_from(
-            [
-                aten.sum.dim_IntList,
-                aten.mean.dim,
-                aten.amax.default,
-                aten.max.dim,
-                aten.var.correction,
-                aten.sum.default,
-                aten.argmax.default,
-                aten.prod.dim_int,
-                aten.any.dim,
-                aten.min.dim,
-                aten.logsumexp.default,
-                aten.linalg_vector_norm.default,
-                aten.cumsum.default,
-            ]
+            [aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.max.dim,
+             aten.var.correction, aten.sum.default, aten.argmax.default, aten.prod.dim_int,
+             aten.any.dim, aten.min.dim, aten.logsumexp.default,
+             aten.linalg_vector_norm.default, aten.cumsum.default]
         )
     )
-    needs_float = op in (
-        aten.mean.dim,
-        aten.var.correction,
-        aten.logsumexp.default,
-        aten.linalg_vector_norm.default,
-    )
+    needs_float = op in (aten.mean.dim, aten.var.correction, aten.logsumexp.default, aten.linalg_vector_norm.default)
     # ops without an identity (max, argmax, ...) cannot reduce an empty dim
-    no_empty = op in (
-        aten.amax.default,
-        aten.max.dim,
-        aten.argmax.default,
-        aten.min.dim,
-    )
+    no_empty = op in (aten.amax.default, aten.max.dim, aten.argmax.default, aten.min.dim)
     shape = draw(dims(0, 4, [s for s in DIM_SIZES if s > 0] if no_empty else DIM_SIZES))
-    dtype = draw(
-        st.sampled_from(
-            FLOAT_DTYPES
-            if needs_float
-            else ALL_DTYPES[:-1]
-            if op != aten.any.dim
-            else ALL_DTYPES
-        )
-    )
+    dtype = draw(st.sampled_from(FLOAT_DTYPES if needs_float else ALL_DTYPES[:-1] if op != aten.any.dim else ALL_DTYPES))
     x = draw(tensor_meta(shape, dtype))
     n = len(shape)
     keepdim = draw(st.booleans())
@@ -192,17 +134,9 @@ def reduction_calls(draw: st.DrawFn) -> Call:
     if op == aten.argmax.default:
         return op, (x, draw(st.sampled_from([None, one_dim])), keepdim), {}
     if op == aten.var.correction:
-        return (
-            op,
-            (x, subset or None),
-            {"correction": draw(st.sampled_from([0, 1])), "keepdim": keepdim},
-        )
+        return op, (x, subset or None), {"correction": draw(st.sampled_from([0, 1])), "keepdim": keepdim}
     if op == aten.linalg_vector_norm.default:
-        return (
-            op,
-            (x, draw(st.sampled_from([2, 1]))),
-            {"dim": subset or None, "keepdim": keepdim},
-        )
+        return op, (x, draw(st.sampled_from([2, 1]))), {"dim": subset or None, "keepdim": keepdim}
     if op == aten.amax.default:
         return op, (x, subset, keepdim), {}
     return op, (x, subset, keepdim), {}
@@ -212,18 +146,10 @@ def reduction_calls(draw: st.DrawFn) -> Call:
 def foreach_calls(draw: st.DrawFn) -> Call:
     op = draw(
         st.sampled_from(
-            [
-                aten._foreach_add.List,
-                aten._foreach_mul.List,
-                aten._foreach_div.List,
-                aten._foreach_add.Scalar,
-                aten._foreach_mul_.Scalar,
-                aten._foreach_add_.List,
-                aten._foreach_norm.Scalar,
-                aten._foreach_addcmul.Scalar,
-                aten._foreach_lerp.Scalar,
-                aten._foreach_sqrt.default,
-            ]
+            [aten._foreach_add.List, aten._foreach_mul.List, aten._foreach_div.List,
+             aten._foreach_add.Scalar, aten._foreach_mul_.Scalar, aten._foreach_add_.List,
+             aten._foreach_norm.Scalar, aten._foreach_addcmul.Scalar, aten._foreach_lerp.Scalar,
+             aten._foreach_sqrt.default]
         )
     )
     n = draw(st.integers(1, 4))
@@ -276,41 +202,20 @@ def reshaped(draw: st.DrawFn, shape: Sequence[int]) -> list[int]:
 def view_calls(draw: st.DrawFn) -> Call:
     op = draw(
         st.sampled_from(
-            [
-                aten.view.default,
-                aten._unsafe_view.default,
-                aten.reshape.default,
-                aten.transpose.int,
-                aten.t.default,
-                aten.permute.default,
-                aten.expand.default,
-                aten.unsqueeze.default,
-                aten.squeeze.dim,
-                aten.squeeze.dims,
-                aten.select.int,
-                aten.slice.Tensor,
-                aten.split.Tensor,
-                aten.unbind.int,
-                aten.alias.default,
-                aten.diagonal.default,
-            ]
+            [aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+             aten.transpose.int, aten.t.default, aten.permute.default, aten.expand.default,
+             aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.select.int,
+             aten.slice.Tensor, aten.split.Tensor, aten.unbind.int, aten.alias.default,
+             aten.diagonal.default]
         )
     )
-    min_dims = {
-        aten.transpose.int: 1,
-        aten.select.int: 1,
-        aten.slice.Tensor: 1,
-        aten.split.Tensor: 1,
-        aten.unbind.int: 1,
-        aten.diagonal.default: 2,
-    }.get(op, 0)
+    min_dims = {aten.transpose.int: 1, aten.select.int: 1, aten.slice.Tensor: 1, aten.split.Tensor: 1,
+                aten.unbind.int: 1, aten.diagonal.default: 2}.get(op, 0)
     max_dims = 2 if op == aten.t.default else 4
     shape = draw(dims(min_dims, max_dims))
     dtype = draw(st.sampled_from(ALL_DTYPES))
     # view needs strides compatible with the new shape; mostly give it contiguous ones
-    layouts = (
-        ("contiguous", "contiguous") + LAYOUTS if op == aten.view.default else LAYOUTS
-    )
+    layouts = ("contiguous", "contiguous") + LAYOUTS if op == aten.view.default else LAYOUTS
     x = draw(tensor_meta(shape, dtype, layouts))
     n = len(shape)
 
@@ -327,28 +232,14 @@ def view_calls(draw: st.DrawFn) -> Call:
         return op, (x, list(draw(st.permutations(range(n))))), {}
     if op == aten.expand.default:
         lead = draw(dims(0, 2, [s for s in DIM_SIZES if s > 0]))
-        sizes = [
-            draw(st.sampled_from([s, 3, -1]))
-            if s == 1
-            else draw(st.sampled_from([s, -1]))
-            for s in shape
-        ]
+        sizes = [draw(st.sampled_from([s, 3, -1])) if s == 1 else draw(st.sampled_from([s, -1])) for s in shape]
         return op, (x, lead + sizes), {}
     if op == aten.unsqueeze.default:
         return op, (x, a_dim(allow_end=True)), {}
     if op == aten.squeeze.dim:
         return op, (x, a_dim() if n > 0 else 0), {}
     if op == aten.squeeze.dims:
-        return (
-            op,
-            (
-                x,
-                sorted(draw(st.sets(st.integers(0, n - 1), max_size=n)))
-                if n > 0
-                else [],
-            ),
-            {},
-        )
+        return op, (x, sorted(draw(st.sets(st.integers(0, n - 1), max_size=n))) if n > 0 else []), {}
     if op == aten.select.int:
         d = draw(st.integers(0, n - 1))
         if shape[d] == 0:
@@ -370,15 +261,10 @@ def view_calls(draw: st.DrawFn) -> Call:
 def normalization_calls(draw: st.DrawFn) -> Call:
     op = draw(
         st.sampled_from(
-            [
-                aten.native_layer_norm.default,
-                aten.native_layer_norm_backward.default,
-                aten.native_batch_norm.default,
-                aten.native_batch_norm_backward.default,
-                aten.convolution_backward.default,
-                aten._fused_rms_norm.default,
-                aten._fused_rms_norm_backward.default,
-            ]
+            [aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
+             aten.native_batch_norm.default, aten.native_batch_norm_backward.default,
+             aten.convolution_backward.default, aten._fused_rms_norm.default,
+             aten._fused_rms_norm_backward.default]
         )
     )
     dtype = draw(st.sampled_from(FLOAT_DTYPES))
@@ -390,19 +276,8 @@ def normalization_calls(draw: st.DrawFn) -> Call:
         conv = draw(conv_setup(dtype))
         mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
         bias_sizes = draw(st.sampled_from([None, [conv.out_channels]]))
-        args = (
-            conv.grad_output,
-            conv.input,
-            conv.weight,
-            bias_sizes,
-            conv.stride,
-            conv.padding,
-            conv.dilation,
-            conv.transposed,
-            conv.output_padding,
-            conv.groups,
-            mask,
-        )
+        args = (conv.grad_output, conv.input, conv.weight, bias_sizes, conv.stride, conv.padding,
+                conv.dilation, conv.transposed, conv.output_padding, conv.groups, mask)
         return op, args, {}
     if op in (aten.native_batch_norm.default, aten.native_batch_norm_backward.default):
         shape = draw(dims(2, 4, [s for s in DIM_SIZES if s > 0]))
@@ -410,22 +285,12 @@ def normalization_calls(draw: st.DrawFn) -> Call:
         x = draw(tensor_meta(shape, dtype))
         training = draw(st.booleans())
         # eval mode normalizes with the running statistics, so they must be there
-        running = (
-            [draw(tensor_meta(c, dtype)), draw(tensor_meta(c, dtype))]
-            if not training
-            else [maybe(c), maybe(c)]
-        )
+        running = [draw(tensor_meta(c, dtype)), draw(tensor_meta(c, dtype))] if not training else [maybe(c), maybe(c)]
         if op == aten.native_batch_norm.default:
             return op, (x, maybe(c), maybe(c), *running, training, 0.1, 1e-5), {}
         grad = draw(tensor_meta(shape, dtype))
-        saved = (
-            [maybe(c, torch.float32), maybe(c, torch.float32)]
-            if not training
-            else [
-                draw(tensor_meta(c, torch.float32)),
-                draw(tensor_meta(c, torch.float32)),
-            ]
-        )
+        saved = [maybe(c, torch.float32), maybe(c, torch.float32)] if not training else [
+            draw(tensor_meta(c, torch.float32)), draw(tensor_meta(c, torch.float32))]
         mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
         return op, (grad, x, maybe(c), *running, *saved, training, 1e-5, mask), {}
     shape = draw(dims(1, 4))
@@ -436,11 +301,7 @@ def normalization_calls(draw: st.DrawFn) -> Call:
     if op == aten.native_layer_norm.default:
         return op, (x, normalized, maybe(normalized), maybe(normalized), 1e-5), {}
     if op == aten._fused_rms_norm.default:
-        return (
-            op,
-            (x, normalized, maybe(normalized), draw(st.sampled_from([None, 1e-6]))),
-            {},
-        )
+        return op, (x, normalized, maybe(normalized), draw(st.sampled_from([None, 1e-6]))), {}
     grad = draw(tensor_meta(shape, dtype))
     stats_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
     rstd = draw(tensor_meta(stats_shape, stats_dtype))
@@ -449,11 +310,7 @@ def normalization_calls(draw: st.DrawFn) -> Call:
         return op, (grad, x, normalized, rstd, maybe(normalized), mask), {}
     mean = draw(tensor_meta(stats_shape, stats_dtype))
     mask = draw(st.lists(st.booleans(), min_size=3, max_size=3))
-    return (
-        op,
-        (grad, x, normalized, mean, rstd, maybe(normalized), maybe(normalized), mask),
-        {},
-    )
+    return op, (grad, x, normalized, mean, rstd, maybe(normalized), maybe(normalized), mask), {}
 
 
 @dataclass
@@ -483,23 +340,15 @@ def conv_setup(draw: st.DrawFn, dtype: torch.dtype) -> ConvSetup:
     stride = draw(st.lists(st.integers(1, 2), min_size=spatial, max_size=spatial))
     padding = draw(st.lists(st.integers(0, 1), min_size=spatial, max_size=spatial))
     dilation = draw(st.lists(st.integers(1, 2), min_size=spatial, max_size=spatial))
-    sizes = draw(
-        st.lists(
-            st.sampled_from([4, 5, 8, 3, 6, 1]), min_size=spatial, max_size=spatial
-        )
-    )
+    sizes = draw(st.lists(st.sampled_from([4, 5, 8, 3, 6, 1]), min_size=spatial, max_size=spatial))
     output_padding = [0] * spatial
     out_sizes = []
     for i in range(spatial):
         reach = dilation[i] * (kernel[i] - 1) + 1
         if transposed:
             if stride[i] > 1 or dilation[i] > 1:
-                output_padding[i] = draw(
-                    st.integers(0, max(stride[i], dilation[i]) - 1)
-                )
-            size = (
-                (sizes[i] - 1) * stride[i] - 2 * padding[i] + reach + output_padding[i]
-            )
+                output_padding[i] = draw(st.integers(0, max(stride[i], dilation[i]) - 1))
+            size = (sizes[i] - 1) * stride[i] - 2 * padding[i] + reach + output_padding[i]
             if size < 1:
                 padding[i] = 0
                 size = (sizes[i] - 1) * stride[i] + reach + output_padding[i]
@@ -514,9 +363,7 @@ def conv_setup(draw: st.DrawFn, dtype: torch.dtype) -> ConvSetup:
         w_shape = [c_out, c_in // groups, *kernel]
     w = draw(tensor_meta(w_shape, dtype))
     g = draw(tensor_meta([batch, c_out, *out_sizes], dtype))
-    return ConvSetup(
-        x, w, g, c_out, stride, padding, dilation, transposed, output_padding, groups
-    )
+    return ConvSetup(x, w, g, c_out, stride, padding, dilation, transposed, output_padding, groups)
 
 
 @st.composite
@@ -524,17 +371,8 @@ def convolution_calls(draw: st.DrawFn) -> Call:
     dtype = draw(st.sampled_from(FLOAT_DTYPES))
     conv = draw(conv_setup(dtype))
     bias = draw(st.one_of(st.none(), tensor_meta([conv.out_channels], dtype)))
-    args = (
-        conv.input,
-        conv.weight,
-        bias,
-        conv.stride,
-        conv.padding,
-        conv.dilation,
-        conv.transposed,
-        conv.output_padding,
-        conv.groups,
-    )
+    args = (conv.input, conv.weight, bias, conv.stride, conv.padding, conv.dilation,
+            conv.transposed, conv.output_padding, conv.groups)
     return aten.convolution.default, args, {}
 
 
@@ -542,14 +380,12 @@ def convolution_calls(draw: st.DrawFn) -> Call:
 def attention_calls(draw: st.DrawFn) -> Call:
     op = draw(
         st.sampled_from(
-            [
-                aten._scaled_dot_product_efficient_attention.default,
-                aten._scaled_dot_product_flash_attention.default,
-                aten._scaled_dot_product_flash_attention_for_cpu.default,
-                aten._scaled_dot_product_efficient_attention_backward.default,
-                aten._scaled_dot_product_flash_attention_backward.default,
-                aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-            ]
+            [aten._scaled_dot_product_efficient_attention.default,
+             aten._scaled_dot_product_flash_attention.default,
+             aten._scaled_dot_product_flash_attention_for_cpu.default,
+             aten._scaled_dot_product_efficient_attention_backward.default,
+             aten._scaled_dot_product_flash_attention_backward.default,
+             aten._scaled_dot_product_flash_attention_for_cpu_backward.default]
         )
     )
     dtype = draw(st.sampled_from((torch.float32, torch.bfloat16, torch.float16)))
@@ -563,11 +399,7 @@ def attention_calls(draw: st.DrawFn) -> Call:
     scale = draw(st.sampled_from([None, 0.125]))
     int0 = TensorMeta(shape=torch.Size([]), stride=(), dtype=torch.int64)
     if op == aten._scaled_dot_product_efficient_attention.default:
-        bias = draw(
-            st.one_of(
-                st.none(), tensor_meta(draw(broadcast_shape([b, h, lq, lk])), dtype)
-            )
-        )
+        bias = draw(st.one_of(st.none(), tensor_meta(draw(broadcast_shape([b, h, lq, lk])), dtype)))
         return op, (q, k, v, bias, draw(st.booleans()), 0.0, causal), {"scale": scale}
     if op == aten._scaled_dot_product_flash_attention.default:
         return op, (q, k, v, 0.0, causal, False), {"scale": scale}
@@ -579,27 +411,17 @@ def attention_calls(draw: st.DrawFn) -> Call:
         lse = draw(tensor_meta([b, h, 32 * math.ceil(lq / 32)], torch.float32))
         bias = draw(st.one_of(st.none(), tensor_meta([b, h, lq, lk], dtype)))
         mask = draw(st.lists(st.booleans(), min_size=4, max_size=4))
-        return (
-            op,
-            (grad, q, k, v, bias, out, lse, int0, int0, 0.0, mask, causal),
-            {"scale": scale},
-        )
+        return op, (grad, q, k, v, bias, out, lse, int0, int0, 0.0, mask, causal), {"scale": scale}
     lse = draw(tensor_meta([b, h, lq], torch.float32))
     if op == aten._scaled_dot_product_flash_attention_backward.default:
         cum = TensorMeta(shape=torch.Size([0]), stride=(1,), dtype=torch.int64)
-        return (
-            op,
-            (grad, q, k, v, out, lse, cum, cum, lq, lk, 0.0, causal, int0, int0),
-            {"scale": scale},
-        )
+        return op, (grad, q, k, v, out, lse, cum, cum, lq, lk, 0.0, causal, int0, int0), {"scale": scale}
     return op, (grad, q, k, v, out, lse, 0.0, causal), {"scale": scale}
 
 
 @st.composite
 def embedding_calls(draw: st.DrawFn) -> Call:
-    op = draw(
-        st.sampled_from([aten.embedding.default, aten.embedding_dense_backward.default])
-    )
+    op = draw(st.sampled_from([aten.embedding.default, aten.embedding_dense_backward.default]))
     vocab = draw(st.sampled_from([8, 5, 1, 16]))
     dim = draw(st.sampled_from([4, 3, 1, 8]))
     indices = draw(tensor_meta(draw(dims(0, 3)), draw(st.sampled_from(INT_DTYPES))))
@@ -684,8 +506,7 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
             "DTensor raises on stock and built"
         ),
         stock=True,
-        applies=lambda case, kind: case.args[0].shape[case.args[2]]
-        == 0,  # (x, size, dim)
+        applies=lambda case, kind: case.args[0].shape[case.args[2]] == 0,  # (x, size, dim)
     ),
     KnownFailure(
         ops=("aten.reshape.default",),
@@ -756,11 +577,7 @@ class TestStrategyContractFuzzOps(FuzzTestBase):
 
 
 for _family, (_calls, _weight) in FAMILIES.items():
-    setattr(
-        TestStrategyContractFuzzOps,
-        f"test_{_family}",
-        family_test(_family, _calls, _weight),
-    )
+    setattr(TestStrategyContractFuzzOps, f"test_{_family}", family_test(_family, _calls, _weight))
 
 
 if __name__ == "__main__":

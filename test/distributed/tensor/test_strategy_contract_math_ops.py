@@ -50,25 +50,11 @@ class TestMathOpsStrategyContract(StrategyOpsTestBase):
         # without affine parameters, with the masks autograd passes then
         no_affine = (grad, x, [8], mean, rstd, None, None, [True, False, False])
         cases.append(("TFF no w/b", op, no_affine, {}))
-        cases.append(
-            (
-                "TTF no b",
-                op,
-                (grad, x, [8], mean, rstd, w, None, [True, True, False]),
-                {},
-            )
-        )
+        cases.append(("TTF no b", op, (grad, x, [8], mean, rstd, w, None, [True, True, False]), {}))
         # a 0-element input: shape inference gives grad_weight/grad_bias without
         # weight/bias, so every rule (sharded ones too) must place them
         x0, m0 = torch.randn(4, 0, 2), torch.randn(4, 1, 1)
-        cases.append(
-            (
-                "TTT 0-elem no w/b",
-                op,
-                (x0, x0, [0, 2], m0, m0, None, None, [True] * 3),
-                {},
-            )
-        )
+        cases.append(("TTT 0-elem no w/b", op, (x0, x0, [0, 2], m0, m0, None, None, [True] * 3), {}))
         self.assertExpectedInline(
             self.output_table(cases),
             """\
@@ -96,9 +82,7 @@ TTT 0-elem no w/b: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1) | f32[0, 2]/(2, 1)"
             cases.append((label, op, (grad, x, [8], rstd, w, mask), {}))
         cases.append(("TF no w", op, (grad, x, [8], rstd, None, [True, False]), {}))
         x0, r0 = torch.randn(4, 0, 2), torch.randn(4, 1, 1)
-        cases.append(
-            ("TT 0-elem no w", op, (x0, x0, [0, 2], r0, None, [True, True]), {})
-        )
+        cases.append(("TT 0-elem no w", op, (x0, x0, [0, 2], r0, None, [True, True]), {}))
         self.assertExpectedInline(
             self.output_table(cases),
             """\
@@ -117,16 +101,10 @@ TT 0-elem no w: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1)""",
         mesh = self.mesh((4,))
         x = torch.randn(8, 4)
         propagator = DTensor._op_dispatcher.sharding_propagator
-        for args, sharded in [
-            ((x,), False),
-            ((x, 10), False),
-            ((x, 10, 0, 0), False),
-            ((x, 10, -1.0, 1.0), True),
-        ]:
+        for args, sharded in [((x,), False), ((x, 10), False), ((x, 10, 0, 0), False),
+                              ((x, 10, -1.0, 1.0), True)]:
             with self.subTest(args=len(args), bounds=args[2:]):
-                schema = strategy_schema(
-                    mesh, aten.histc.default, args, None, planner_candidates
-                )
+                schema = strategy_schema(mesh, aten.histc.default, args, None, planner_candidates)
                 strategy = propagator.get_op_strategy(schema)
                 self.assert_contract(schema, strategy)
                 partial = any(
@@ -153,21 +131,14 @@ TT 0-elem no w: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1)""",
         mesh = self.mesh(mesh_shape)
         with LocalTensorMode(frozenset(range(mesh.size()))):
             copies = [torch.empty(t.shape, dtype=t.dtype).copy_(t) for t, _ in placed]
-            out = fn(
-                *(
-                    distribute_tensor(c, mesh, list(p))
-                    for c, (_, p) in zip(copies, placed)
-                )
-            )
+            out = fn(*(distribute_tensor(c, mesh, list(p)) for c, (_, p) in zip(copies, placed)))
             outs = out if isinstance(out, (list, tuple)) else [out]
             values = []
             for o in outs:
                 self.assertIsInstance(o, DTensor)
                 full = o.full_tensor()
                 self.assertIsInstance(full, LocalTensor)
-                values.append(
-                    [full._local_tensors[r] for r in sorted(full._local_tensors)]
-                )
+                values.append([full._local_tensors[r] for r in sorted(full._local_tensors)])
             return values
 
     def test_foreach_norms_with_dtype(self) -> None:
@@ -181,18 +152,11 @@ TT 0-elem no w: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1)""",
             expected = op(*args)
             for shape in ((4,), (2, 2)):
                 with self.subTest(op=str(op), mesh=shape):
-                    schema = strategy_schema(
-                        self.mesh(shape), op, args, None, planner_candidates
-                    )
+                    schema = strategy_schema(self.mesh(shape), op, args, None, planner_candidates)
                     self.assert_contract(schema, propagator.get_op_strategy(schema))
-                    first, second = (
-                        [Shard(0)] * len(shape),
-                        [Shard(1)] + [Replicate()] * (len(shape) - 1),
-                    )
+                    first, second = [Shard(0)] * len(shape), [Shard(1)] + [Replicate()] * (len(shape) - 1)
                     got = self.eager_ranks(
-                        shape,
-                        lambda a, b: op([a, b], 2, torch.float64),
-                        [(xs[0], first), (xs[1], second)],
+                        shape, lambda a, b: op([a, b], 2, torch.float64), [(xs[0], first), (xs[1], second)]
                     )
                     self.assertEqual(len(got), len(expected))
                     for want, per_rank in zip(expected, got):
@@ -227,21 +191,12 @@ TT 0-elem no w: f32[4, 0, 2]/(2, 2, 1) | f32[0, 2]/(2, 1)""",
                         strategy = propagator.get_op_strategy(schema)
                         self.assert_contract(schema, strategy)
                         for spec in self.specs_of(strategy):
-                            self.assertEqual(
-                                spec.input_specs[-1].placements,
-                                spec.output_spec.placements,
-                            )
+                            self.assertEqual(spec.input_specs[-1].placements, spec.output_spec.placements)
                         row_sharded = [Shard(0)] + [Replicate()] * (len(shape) - 1)
                         got = self.eager_ranks(
                             shape,
                             lambda a, o: (op(a, *rest(dim), out=o), o),
-                            [
-                                (inp, row_sharded),
-                                (
-                                    out,
-                                    [out_placement] + [Replicate()] * (len(shape) - 1),
-                                ),
-                            ],
+                            [(inp, row_sharded), (out, [out_placement] + [Replicate()] * (len(shape) - 1))],
                         )
                         for per_rank in got:
                             for value in per_rank:

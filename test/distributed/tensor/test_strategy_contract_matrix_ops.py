@@ -40,34 +40,12 @@ class TestMatrixOpsStrategyContract(StrategyOpsTestBase):
         # (module, helper, op, args, how a rule author calls it)
         cases = [
             (utils, "replicate_op_strategy", aten.mm.default, (a, b), lambda f: f),
-            (
-                _tensor_ops,
-                "propagate_single_input_strategy",
-                aten.clone.default,
-                (a,),
-                lambda f: f,
-            ),
-            (
-                _tensor_ops,
-                "replica_only_strategy",
-                aten.clone.default,
-                (a,),
-                lambda f: f,
-            ),
-            (
-                _matrix_ops,
-                "_mm_like_strategy",
-                aten.mm.default,
-                (a, b),
-                lambda f: lambda s: f("mk,kn->mn", mesh, s),
-            ),
-            (
-                _matrix_ops,
-                "_addmm_like_strategy",
-                aten.addmm.default,
-                (c, a, b),
-                lambda f: lambda s: f("mk,kn->mn", mesh, s),
-            ),
+            (_tensor_ops, "propagate_single_input_strategy", aten.clone.default, (a,), lambda f: f),
+            (_tensor_ops, "replica_only_strategy", aten.clone.default, (a,), lambda f: f),
+            (_matrix_ops, "_mm_like_strategy", aten.mm.default, (a, b),
+             lambda f: lambda s: f("mk,kn->mn", mesh, s)),
+            (_matrix_ops, "_addmm_like_strategy", aten.addmm.default, (c, a, b),
+             lambda f: lambda s: f("mk,kn->mn", mesh, s)),
         ]
         missing = []
         for module, name, op, args, call in cases:
@@ -78,9 +56,7 @@ class TestMatrixOpsStrategyContract(StrategyOpsTestBase):
                 continue
             for mode in QUERY_MODES:
                 with self.subTest(helper=name, mode=mode):
-                    schema = strategy_schema(
-                        mesh, op, args, None, mode_candidates(mode)
-                    )
+                    schema = strategy_schema(mesh, op, args, None, mode_candidates(mode))
                     self.assert_contract(schema, call(helper)(schema))
         if missing:
             self.skipTest(f"not in this torch: {', '.join(missing)} (the rest checked)")

@@ -26,6 +26,7 @@ that step, with the same helpers (``contract_common.StrategyOpsTestBase``):
 ``test_strategy_contract_{math,tensor,view,matrix}_ops.py``.
 """
 
+
 import torch
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.distributed.tensor import distribute_tensor, DTensor
@@ -82,9 +83,7 @@ class TestStrategyContractOps(StrategyOpsTestBase):
             torch.library._scoped_library("strategy_contract_ops_test", "DEF")
         )
         lib.define("two_out(Tensor x) -> (Tensor, Tensor)")
-        lib.impl(
-            "two_out", lambda x: (x.clone(), x.sum(0)), "CompositeExplicitAutograd"
-        )
+        lib.impl("two_out", lambda x: (x.clone(), x.sum(0)), "CompositeExplicitAutograd")
 
     # ---- backward ops with output masks ----
 
@@ -97,23 +96,13 @@ class TestStrategyContractOps(StrategyOpsTestBase):
             mask = [bool(bits & 4), bool(bits & 2), bool(bits & 1)]
             label = "".join("T" if m else "F" for m in mask)
             cases.append(
-                (
-                    label,
-                    aten.convolution_backward.default,
-                    (grad_out, x, w, *conv, mask),
-                    {},
-                )
+                (label, aten.convolution_backward.default, (grad_out, x, w, *conv, mask), {})
             )
         # channels-last activations: grad_input and grad_weight follow that format
         x_cl = x.to(memory_format=torch.channels_last)
         g_cl = grad_out.to(memory_format=torch.channels_last)
         cases.append(
-            (
-                "TTT cl",
-                aten.convolution_backward.default,
-                (g_cl, x_cl, w, *conv, [True] * 3),
-                {},
-            )
+            ("TTT cl", aten.convolution_backward.default, (g_cl, x_cl, w, *conv, [True] * 3), {})
         )
         self.assertExpectedInline(
             self.output_table(cases),
@@ -151,19 +140,8 @@ TTT cl: f32[4, 3, 8, 8]/(192, 1, 24, 3) | f32[6, 3, 3, 3]/(27, 1, 9, 3) | f32[6]
         op = aten._scaled_dot_product_efficient_attention_backward.default
 
         def args(bias, mask):
-            return (
-                t["grad"],
-                t["q"],
-                t["k"],
-                t["v"],
-                bias,
-                t["out"],
-                lse,
-                t["seed"],
-                t["offset"],
-                0.0,
-                mask,
-            )
+            return (t["grad"], t["q"], t["k"], t["v"], bias, t["out"], lse,
+                    t["seed"], t["offset"], 0.0, mask)
 
         # Only grad_input_mask[3] (the bias) masks a result: the kernel computes
         # the q/k/v gradients whatever the mask, laid out (batch, seq, heads, dim).
@@ -191,22 +169,8 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         lse = torch.randn(4, 4, 8)
         cum_seq = torch.empty(0, dtype=torch.int64)
         op = aten._scaled_dot_product_flash_attention_backward.default
-        args = (
-            t["grad"],
-            t["q"],
-            t["k"],
-            t["v"],
-            t["out"],
-            lse,
-            cum_seq,
-            cum_seq,
-            8,
-            8,
-            0.0,
-            False,
-            t["seed"],
-            t["offset"],
-        )
+        args = (t["grad"], t["q"], t["k"], t["v"], t["out"], lse, cum_seq, cum_seq,
+                8, 8, 0.0, False, t["seed"], t["offset"])
         self.assertExpectedInline(
             self.output_table([("flash", op, args, {})]),
             """flash: f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1) | f32[4, 4, 8, 16]/(512, 128, 16, 1)""",  # noqa: B950
@@ -217,9 +181,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         op = aten._scaled_dot_product_flash_attention_for_cpu.default
         expected = [meta_of(r) for r in op(t["q"], t["k"], t["v"])]
         # logsumexp is laid out (batch, seq, heads): not contiguous
-        self.assertFalse(
-            torch.empty_strided(expected[1].shape, expected[1].stride).is_contiguous()
-        )
+        self.assertFalse(torch.empty_strided(expected[1].shape, expected[1].stride).is_contiguous())
         for shape in OP_MESHES:
             for mode in QUERY_MODES:
                 with self.subTest(mesh=shape, mode=mode):
@@ -229,9 +191,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
     def test_flash_attention_for_cpu_backward(self) -> None:
         op = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
         if strategy_registry(op) is None:
-            self.skipTest(
-                f"{op} has no DTensor sharding strategy (no registry, no decomposition)"
-            )
+            self.skipTest(f"{op} has no DTensor sharding strategy (no registry, no decomposition)")
         t = self.sdpa_tensors()
         fwd = aten._scaled_dot_product_flash_attention_for_cpu.default
         out, lse = fwd(t["q"], t["k"], t["v"])
@@ -256,9 +216,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         ]
         for op, args, result in cases:
             values, indices = (meta_of(r) for r in result)
-            self.assertEqual(
-                (values.dtype, indices.dtype), (torch.bfloat16, torch.int64)
-            )
+            self.assertEqual((values.dtype, indices.dtype), (torch.bfloat16, torch.int64))
             for mode in QUERY_MODES:
                 with self.subTest(op=str(op), mode=mode):
                     _, strategy = self.query(shape, mode, op, args)
@@ -294,15 +252,8 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                 exp_avg_sqs = [torch.rand_like(t) for t in params]
                 max_sqs = [torch.rand_like(t) for t in params] if amsgrad else []
                 steps = [torch.tensor(1.0) for _ in params]
-                kwargs = dict(
-                    lr=0.1,
-                    beta1=0.9,
-                    beta2=0.99,
-                    weight_decay=0.01,
-                    eps=1e-8,
-                    amsgrad=amsgrad,
-                    maximize=False,
-                )
+                kwargs = dict(lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.01,
+                              eps=1e-8, amsgrad=amsgrad, maximize=False)
                 args = (params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps)
                 for mode in QUERY_MODES:
                     with self.subTest(op=str(op), amsgrad=amsgrad, mode=mode):
@@ -320,20 +271,15 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                 with self.subTest(op=str(op), mode=mode):
                     schema, strategy = self.query(shape, mode, op, (x, y))
                     self_candidates = {
-                        c.output_spec.placements
-                        for c in schema.args_schema[0].strategies
+                        c.output_spec.placements for c in schema.args_schema[0].strategies
                     }
                     for i, spec in enumerate(self.specs_of(strategy)):
                         self_spec = spec.input_specs[0]
                         # the result is self: same placement, and self is never redistributed
                         self.assertEqual(
-                            spec.output_specs.placements,
-                            self_spec.placements,
-                            f"OpSpec {i}",
+                            spec.output_specs.placements, self_spec.placements, f"OpSpec {i}"
                         )
-                        self.assertIn(
-                            self_spec.placements, self_candidates, f"OpSpec {i}"
-                        )
+                        self.assertIn(self_spec.placements, self_candidates, f"OpSpec {i}")
                         self.assertEqual(spec.output_specs.tensor_meta, meta_of(x))
 
     @parametrize("shape", OP_MESHES, name_fn=mesh_name)
@@ -350,19 +296,14 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                 with self.subTest(op=str(op), mode=mode):
                     schema, strategy = self.query(shape, mode, op, args, {"out": out})
                     out_candidates = {
-                        c.output_spec.placements
-                        for c in schema.kwargs_schema["out"].strategies
+                        c.output_spec.placements for c in schema.kwargs_schema["out"].strategies
                     }
                     for i, spec in enumerate(self.specs_of(strategy)):
                         out_spec = spec.input_specs[-1]  # kwargs come after args
                         self.assertEqual(
-                            spec.output_specs.placements,
-                            out_spec.placements,
-                            f"OpSpec {i}",
+                            spec.output_specs.placements, out_spec.placements, f"OpSpec {i}"
                         )
-                        self.assertIn(
-                            out_spec.placements, out_candidates, f"OpSpec {i}"
-                        )
+                        self.assertIn(out_spec.placements, out_candidates, f"OpSpec {i}")
                         self.assertEqual(spec.output_specs.tensor_meta, meta_of(out))
 
     # ---- factory-like ops and ops without tensor results ----
@@ -407,11 +348,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
             (aten.amax.out, (x,), {"out": torch.empty(())}),
             (aten.argmax.default, (x,), {}),
             (aten.std.correction, (x,), {}),
-            (
-                aten.var_mean.correction_out,
-                (x,),
-                {"out0": torch.empty(()), "out1": torch.empty(())},
-            ),
+            (aten.var_mean.correction_out, (x,), {"out0": torch.empty(()), "out1": torch.empty(())}),
             (aten.linalg_vector_norm.default, (x,), {}),
             (aten._foreach_norm.Scalar, ([x, x],), {}),
             (aten.topk.default, (x, 3), {}),
@@ -437,12 +374,8 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                 for a in op._schema.arguments
                 if not a.kwarg_only and not a.has_default_value()
             )
-            self.assertEqual(
-                len(args), required, f"{op}: the case must omit every optional argument"
-            )
-            avoid = (
-                (0,) if op == aten.unbind.int else ()
-            )  # unbind refuses its sharded dim
+            self.assertEqual(len(args), required, f"{op}: the case must omit every optional argument")
+            avoid = (0,) if op == aten.unbind.int else ()  # unbind refuses its sharded dim
             propagator = DTensor._op_dispatcher.sharding_propagator
             for mode in QUERY_MODES:
                 with self.subTest(op=str(op), mode=mode):
@@ -484,15 +417,11 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
         for op, args in cases:
             for mode in ("replicate", "planner"):
                 with self.subTest(op=str(op), mode=mode):
-                    schema = strategy_schema(
-                        mesh, op, args, None, mode_candidates(mode)
-                    )
+                    schema = strategy_schema(mesh, op, args, None, mode_candidates(mode))
                     metas = infer_output_metas(schema)
                     leaves = [
                         m
-                        for m in pytree.tree_leaves(
-                            metas, is_leaf=lambda m: isinstance(m, TensorMeta)
-                        )
+                        for m in pytree.tree_leaves(metas, is_leaf=lambda m: isinstance(m, TensorMeta))
                         if isinstance(m, TensorMeta)
                     ]
                     if op_has_tensor_returns(op):
@@ -509,9 +438,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
                         # a downstream rule for it: every input and result replicated
                         n_in = len(tensor_inputs(schema))
                         strategy = expand_to_full_mesh_op_strategy(
-                            mesh,
-                            schema,
-                            [[Replicate()] * (len(leaves) + n_in)],
+                            mesh, schema, [[Replicate()] * (len(leaves) + n_in)],
                             input_index=len(leaves),
                         )
                     else:
@@ -531,9 +458,7 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
     # ---- ops whose decomposition is the only source ----
 
     @parametrize("shape", OP_MESHES, name_fn=mesh_name)
-    def test_decomposition_only_ops_answer_planners(
-        self, shape: tuple[int, ...]
-    ) -> None:
+    def test_decomposition_only_ops_answer_planners(self, shape: tuple[int, ...]) -> None:
         """Every decomposition-derived op answers a planner. Decompositions that make
         tensors of their own (arange, scalar_tensor, full) trace; those that reach an
         op with no strategy (as_strided, prims.fmod) answer with all-Replicate."""
@@ -558,19 +483,13 @@ no bias TTTF: f32[4, 4, 8, 16]/(512, 16, 64, 1) | f32[4, 4, 8, 16]/(512, 16, 64,
             with self.subTest(op=str(op)):
                 registry = strategy_registry(op)
                 if registry != "decomposition":
-                    self.skipTest(
-                        f"this torch answers {op} from its {registry} registry"
-                    )
-                schema = strategy_schema(
-                    mesh, op, args, None, sampled_planner_candidates
-                )
+                    self.skipTest(f"this torch answers {op} from its {registry} registry")
+                schema = strategy_schema(mesh, op, args, None, sampled_planner_candidates)
                 strategy = propagator.get_op_strategy(schema)
                 self.assert_contract(schema, strategy)
                 outputs = {
-                    p
-                    for spec in self.specs_of(strategy)
-                    for out in output_tuple(spec)
-                    if out is not None
+                    p for spec in self.specs_of(strategy)
+                    for out in output_tuple(spec) if out is not None
                     for p in out.placements
                 }
                 if (op, args) in gathered:

@@ -72,13 +72,9 @@ def _propagator() -> Any:
 def _is_masked(op: torch._ops.OpOverload) -> bool:
     """Whether ``op`` takes a ``bool[]`` ``*mask`` saying which of its tensors to return."""
     returns = op._schema.returns
-    return (
-        len(returns) > 1
-        and all(str(r.type) == "Tensor" for r in returns)
-        and any(
-            str(arg.type) == "List[bool]" and arg.name.endswith("mask")
-            for arg in op._schema.arguments
-        )
+    return len(returns) > 1 and all(str(r.type) == "Tensor" for r in returns) and any(
+        str(arg.type) == "List[bool]" and arg.name.endswith("mask")
+        for arg in op._schema.arguments
     )
 
 
@@ -93,8 +89,7 @@ def served_masked_ops() -> dict[str, torch._ops.OpOverload]:
     candidates |= {
         op
         for op in decomposition_table
-        if isinstance(op, torch._ops.OpOverload)
-        and DecompShardingStrategy.has_decomp(op)
+        if isinstance(op, torch._ops.OpOverload) and DecompShardingStrategy.has_decomp(op)
     }
     return {
         str(op): op
@@ -114,9 +109,7 @@ def _batch_norm(train: bool) -> Callable[[list[bool]], tuple]:
     def args(mask: list[bool]) -> tuple:
         x, w = torch.randn(N, 3, 4), torch.randn(3)
         rm, rv = torch.randn(3), torch.rand(3) + 0.5
-        _, mean, invstd = aten.native_batch_norm(
-            x, w, None, rm.clone(), rv.clone(), train, 0.1, 1e-5
-        )
+        _, mean, invstd = aten.native_batch_norm(x, w, None, rm.clone(), rv.clone(), train, 0.1, 1e-5)
         return (torch.randn_like(x), x, w, rm, rv, mean, invstd, train, 1e-5, mask)
 
     return args
@@ -131,22 +124,8 @@ def _batch_norm_update(train: bool) -> Callable[[list[bool]], tuple]:
                 x, w, None, rm.clone(), rv.clone(), 0.1, 1e-5
             )
         else:
-            _, mean, invstd, reserve = aten._batch_norm_no_update(
-                x, w, None, rm, rv, 0.1, 1e-5
-            )
-        return (
-            torch.randn_like(x),
-            x,
-            w,
-            rm,
-            rv,
-            mean,
-            invstd,
-            train,
-            1e-5,
-            mask,
-            reserve,
-        )
+            _, mean, invstd, reserve = aten._batch_norm_no_update(x, w, None, rm, rv, 0.1, 1e-5)
+        return (torch.randn_like(x), x, w, rm, rv, mean, invstd, train, 1e-5, mask, reserve)
 
     return args
 
@@ -194,14 +173,8 @@ def _efficient_attention(mask: list[bool]) -> tuple:
 # Samples per masked op, by variant (``.out`` overloads take the ``.default``
 # sample plus out tensors).
 SAMPLES: dict[str, dict[str, Callable[[list[bool]], tuple]]] = {
-    "native_batch_norm_backward": {
-        "train": _batch_norm(True),
-        "eval": _batch_norm(False),
-    },
-    "batch_norm_backward": {
-        "train": _batch_norm_update(True),
-        "eval": _batch_norm_update(False),
-    },
+    "native_batch_norm_backward": {"train": _batch_norm(True), "eval": _batch_norm(False)},
+    "batch_norm_backward": {"train": _batch_norm_update(True), "eval": _batch_norm_update(False)},
     "native_layer_norm_backward": {"": _layer_norm},
     "native_group_norm_backward": {"": _group_norm},
     "_fused_rms_norm_backward": {"": _rms_norm},
@@ -218,9 +191,7 @@ MASKED_OP_NAMES = tuple(
 )
 
 
-def _sample(
-    op: torch._ops.OpOverload, variant: str, mask: list[bool]
-) -> tuple[tuple, dict]:
+def _sample(op: torch._ops.OpOverload, variant: str, mask: list[bool]) -> tuple[tuple, dict]:
     """``op``'s arguments for ``mask`` (an ``.out`` overload writes into fresh tensors
     shaped like the ``.default`` results; a left-out result gets an empty one)."""
     args = SAMPLES[op.__name__.split(".")[0]][variant](mask)
@@ -229,9 +200,7 @@ def _sample(
     if outs:
         results = op.overloadpacket.default(*args)
         for out_name, result in zip(outs, results):
-            kwargs[out_name] = (
-                torch.empty(0) if result is None else torch.empty_like(result)
-            )
+            kwargs[out_name] = torch.empty(0) if result is None else torch.empty_like(result)
     return args, kwargs
 
 
@@ -240,10 +209,7 @@ def _variants(op: torch._ops.OpOverload) -> list[str]:
 
 
 def _masks(op: torch._ops.OpOverload) -> list[list[bool]]:
-    return [
-        list(m)
-        for m in itertools.product((False, True), repeat=len(op._schema.returns))
-    ]
+    return [list(m) for m in itertools.product((False, True), repeat=len(op._schema.returns))]
 
 
 def _mask_label(mask: list[bool]) -> str:
@@ -309,14 +275,10 @@ class TestMaskedOps(StrategyContractTestBase):
     @parametrize("name", MASKED_OP_NAMES)
     def test_planner_query_every_mask(self, name: str) -> None:
         op = _served(self, name)
-        for variant, shape, mask in itertools.product(
-            _variants(op), EAGER_MESHES, _masks(op)
-        ):
+        for variant, shape, mask in itertools.product(_variants(op), EAGER_MESHES, _masks(op)):
             with self.subTest(variant=variant, mesh=shape, mask=_mask_label(mask)):
                 args, kwargs = _sample(op, variant, mask)
-                schema = strategy_schema(
-                    self.mesh(shape), op, args, kwargs, PLANNER_CANDIDATES
-                )
+                schema = strategy_schema(self.mesh(shape), op, args, kwargs, PLANNER_CANDIDATES)
                 metas = _outcome(lambda: infer_output_metas(schema))
                 if isinstance(metas, Exception):
                     # a call shape inference rejects: the planner gets that error
@@ -324,9 +286,7 @@ class TestMaskedOps(StrategyContractTestBase):
                         _propagator().get_op_strategy(schema)
                     continue
                 strategy = _outcome(lambda: _propagator().get_op_strategy(schema))
-                if isinstance(strategy, Exception) and _kernel_rejects(
-                    op, args, kwargs
-                ):
+                if isinstance(strategy, Exception) and _kernel_rejects(op, args, kwargs):
                     # a call every kernel rejects (an ``.out`` overload with a result
                     # masked off has nothing to write) needs no answer
                     continue
@@ -345,21 +305,15 @@ class TestMaskedOps(StrategyContractTestBase):
             args, outs = _sample(op, variant, mask)
 
             def fresh() -> tuple[tuple, dict]:
-                return _requiring_grad(args, requires_grad), {
-                    k: v.clone() for k, v in outs.items()
-                }
+                return _requiring_grad(args, requires_grad), {k: v.clone() for k, v in outs.items()}
 
             plain_args, plain_outs = fresh()
             expected = _outcome(lambda: op(*plain_args, **plain_outs))
             if _no_kernel(expected):
                 continue  # the fused RMS norm, the efficient attention
-            with self.subTest(
-                variant=variant, mask=_mask_label(mask), requires_grad=requires_grad
-            ):
+            with self.subTest(variant=variant, mask=_mask_label(mask), requires_grad=requires_grad):
                 ran += 1
-                if isinstance(expected, Exception) or self.unplaceable(
-                    op, args, outs, mesh
-                ):
+                if isinstance(expected, Exception) or self.unplaceable(op, args, outs, mesh):
                     with self.assertRaises(Exception):
                         self.run_eager(op, *fresh(), mesh)
                     continue
@@ -383,18 +337,14 @@ class TestMaskedOps(StrategyContractTestBase):
         ``grad_weight`` along with ``grad_bias``): DTensor has no spec for such a
         result and fails, as it always has."""
         default = op.overloadpacket.default
-        metas = _outcome(
-            lambda: infer_output_metas(strategy_schema(mesh, op, args, kwargs))
-        )
+        metas = _outcome(lambda: infer_output_metas(strategy_schema(mesh, op, args, kwargs)))
         if isinstance(metas, Exception):
             return True
         default_metas = infer_output_metas(strategy_schema(mesh, default, args))
         results = default(*args)
         return any(m is None and r is not None for m, r in zip(default_metas, results))
 
-    def run_eager(
-        self, op: torch._ops.OpOverload, args: tuple, kwargs: dict, mesh: Any
-    ) -> list:
+    def run_eager(self, op: torch._ops.OpOverload, args: tuple, kwargs: dict, mesh: Any) -> list:
         """``op`` on replicated DTensors of ``args``: each result's value on every rank."""
         with LocalTensorMode(frozenset(range(mesh.size()))):
             dargs, dkwargs = pytree.tree_map_only(
@@ -409,11 +359,7 @@ class TestMaskedModules(StrategyContractTestBase):
     """Modules whose input does not require grad, against plain torch."""
 
     def run_module(
-        self,
-        module: nn.Module,
-        x: torch.Tensor,
-        shape: tuple[int, ...],
-        placements: list[Placement],
+        self, module: nn.Module, x: torch.Tensor, shape: tuple[int, ...], placements: list[Placement]
     ) -> None:
         expected = module(x).sum()
         expected.backward()
@@ -461,46 +407,16 @@ def _given(op_schema: OpSchema, mesh: Any = None) -> DTensorSpec:
 BAD_SPECS: dict[str, tuple[str, Callable[[OpSchema, Any], OpSpec], bool]] = {
     "None for a 0-d result": ("scalar", lambda o, m: OpSpec(None, [_given(o)]), True),
     "None where the kernel returns None": (
-        "second_none",
-        lambda o, m: OpSpec((_given(o), None), [_given(o)]),
-        True,
+        "second_none", lambda o, m: OpSpec((_given(o), None), [_given(o)]), True
     ),
-    "an input spec too many": (
-        "one",
-        lambda o, m: OpSpec(_given(o), [_given(o)] * 2),
-        True,
-    ),
-    "no spec for a keyword tensor": (
-        "keyword",
-        lambda o, m: OpSpec(_given(o), [_given(o)]),
-        True,
-    ),
-    "output on another mesh": (
-        "one",
-        lambda o, m: OpSpec(_given(o, m), [_given(o)]),
-        True,
-    ),
-    "three outputs for two results": (
-        "two",
-        lambda o, m: OpSpec((_given(o),) * 3, [_given(o)]),
-        False,
-    ),
-    "no output specs for two results": (
-        "two",
-        lambda o, m: OpSpec(None, [_given(o)]),
-        False,
-    ),
-    "no input specs for two results": (
-        "two",
-        lambda o, m: OpSpec((_given(o),) * 2),
-        False,
-    ),
+    "an input spec too many": ("one", lambda o, m: OpSpec(_given(o), [_given(o)] * 2), True),
+    "no spec for a keyword tensor": ("keyword", lambda o, m: OpSpec(_given(o), [_given(o)]), True),
+    "output on another mesh": ("one", lambda o, m: OpSpec(_given(o, m), [_given(o)]), True),
+    "three outputs for two results": ("two", lambda o, m: OpSpec((_given(o),) * 3, [_given(o)]), False),
+    "no output specs for two results": ("two", lambda o, m: OpSpec(None, [_given(o)]), False),
+    "no input specs for two results": ("two", lambda o, m: OpSpec((_given(o),) * 2), False),
     "no input spec": ("one", lambda o, m: OpSpec(_given(o), []), False),
-    "None for a positional input": (
-        "one",
-        lambda o, m: OpSpec(_given(o), [None]),
-        False,
-    ),
+    "None for a positional input": ("one", lambda o, m: OpSpec(_given(o), [None]), False),
 }
 
 
@@ -512,9 +428,7 @@ class TestEagerUsesWhatStockRuns(StrategyContractTestBase):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        lib = cls.enterClassContext(
-            torch.library._scoped_library("output_mask_test", "DEF")
-        )
+        lib = cls.enterClassContext(torch.library._scoped_library("output_mask_test", "DEF"))
         lib.define("one(Tensor x) -> Tensor")
         lib.define("scalar(Tensor x) -> Tensor")
         lib.define("two(Tensor x) -> (Tensor, Tensor)")
@@ -524,20 +438,14 @@ class TestEagerUsesWhatStockRuns(StrategyContractTestBase):
         lib.impl("scalar", lambda x: x.sum(), "CompositeExplicitAutograd")
         lib.impl("two", lambda x: (x.clone(), 2 * x), "CompositeExplicitAutograd")
         # the meta computes the second result, the kernel leaves it out
-        lib.impl(
-            "second_none", lambda x: (x.clone(), None), "CompositeExplicitAutograd"
-        )
-        lib.impl(
-            "second_none", lambda x: (torch.empty_like(x), torch.empty_like(x)), "Meta"
-        )
+        lib.impl("second_none", lambda x: (x.clone(), None), "CompositeExplicitAutograd")
+        lib.impl("second_none", lambda x: (torch.empty_like(x), torch.empty_like(x)), "Meta")
         lib.impl("keyword", lambda x, w=None: x + w, "CompositeExplicitAutograd")
 
     def register(self, op: Any, make: Callable[[OpSchema, Any], OpSpec]) -> None:
         p = _propagator()
         other_mesh = self.mesh((2, 2))
-        p.register_op_strategy(
-            op, lambda op_schema: OpStrategy([make(op_schema, other_mesh)])
-        )
+        p.register_op_strategy(op, lambda op_schema: OpStrategy([make(op_schema, other_mesh)]))
 
         def unregister() -> None:
             p.op_strategy_funcs.pop(op, None)
@@ -585,9 +493,7 @@ class TestEagerUsesWhatStockRuns(StrategyContractTestBase):
         wrapping refuses a tensor it has no spec for, as it always has."""
         op = torch.ops.output_mask_test.one.default
         self.register(op, lambda o, m: OpSpec(None, [_given(o)]))
-        x = DTensor.from_local(
-            torch.randn(3, 5), self.mesh((4,)), [Replicate()], run_check=False
-        )
+        x = DTensor.from_local(torch.randn(3, 5), self.mesh((4,)), [Replicate()], run_check=False)
         with self.assertRaisesRegex(AssertionError, "output tensor should be scalar"):
             op(x)
 

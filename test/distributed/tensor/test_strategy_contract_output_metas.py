@@ -35,9 +35,7 @@ class TestOutputMetas(StrategyContractTestBase):
         self.mm = strategy_schema(self.mesh((2,)), aten.mm.default, (x, y))
         self.mm_meta = meta_of(x @ y)
         xs = [torch.randn(8, 12), torch.randn(4)]
-        self.foreach = strategy_schema(
-            self.mesh((2,)), aten._foreach_neg.default, (xs,)
-        )
+        self.foreach = strategy_schema(self.mesh((2,)), aten._foreach_neg.default, (xs,))
         self.foreach_metas = [meta_of(-t) for t in xs]
 
     # case -> (schema, the metas a caller passes, used as given)
@@ -63,9 +61,7 @@ class TestOutputMetas(StrategyContractTestBase):
     def test_data_dependent_metas_not_cached(self) -> None:
         """Unbacked sizes belong to one inference's ShapeEnv: handed out, never kept."""
         x = torch.randn(4, 3)
-        metas = om.output_metas_for(
-            strategy_schema(self.mesh((2,)), aten.nonzero.default, (x,))
-        )
+        metas = om.output_metas_for(strategy_schema(self.mesh((2,)), aten.nonzero.default, (x,)))
         self.assertFalse(om._all_sizes_concrete(metas), metas)
         self.assertEqual(om.meta_cache_size(), 0)
         om.output_metas_for(strategy_schema(self.mesh((2,)), aten.relu.default, (x,)))
@@ -76,11 +72,7 @@ class TestOutputMetas(StrategyContractTestBase):
         with om.answering(self.mm, marker):  # type: ignore[arg-type]
             self.assertIs(om.metas_for_builder(self.mm, None), marker)
             # another schema (a nested query of the same op) infers its own
-            other = strategy_schema(
-                self.mesh((2,)),
-                aten.mm.default,
-                (torch.randn(8, 12), torch.randn(12, 4)),
-            )
+            other = strategy_schema(self.mesh((2,)), aten.mm.default, (torch.randn(8, 12), torch.randn(12, 4)))
             self.assertEqual(om.metas_for_builder(other, None), self.mm_meta)
         self.assertEqual(om.metas_for_builder(self.mm, None), self.mm_meta)
 
@@ -91,15 +83,11 @@ class TestOutputMetas(StrategyContractTestBase):
         self.assertEqual(filled.args_schema[1:], ([1], False))
         # a positional argument passed by keyword moves to its position
         self.assertEqual(
-            om.fill_omitted_args(
-                aten.sum.dim_IntList, (x, [1]), {"keepdim": True, "dtype": None}
-            ),
+            om.fill_omitted_args(aten.sum.dim_IntList, (x, [1]), {"keepdim": True, "dtype": None}),
             ((x, [1], True), {"dtype": None}),
         )
         # nothing to fill, or a required argument missing: left to the op
-        self.assertIsNone(
-            om.fill_omitted_args(aten.sum.dim_IntList, (x, [1], False), {})
-        )
+        self.assertIsNone(om.fill_omitted_args(aten.sum.dim_IntList, (x, [1], False), {}))
         self.assertIsNone(om.fill_omitted_args(aten.mm.default, (x,), {}))
         self.assertIs(om.with_default_args(self.mm), self.mm)
 
@@ -123,9 +111,7 @@ class TestBoundedCache(TestCase):
         cache: BoundedCache[int, int] = BoundedCache(3)
         computed: list[int] = []
         for k in (1, 2, 3, 1, 4, 1):
-            self.assertEqual(
-                cache.get_or_compute(k, lambda k=k: computed.append(k) or k * k), k * k
-            )
+            self.assertEqual(cache.get_or_compute(k, lambda k=k: computed.append(k) or k * k), k * k)
         # 1, 2, 3 computed; 1 served; 4 evicts 1 (the oldest); 1 computed again
         self.assertEqual(computed, [1, 2, 3, 4, 1])
         self.assertEqual([k for k, _ in cache.items()], [3, 4, 1])
@@ -136,9 +122,7 @@ class TestBoundedCache(TestCase):
         cache: BoundedCache[object, int] = BoundedCache(4)
         calls = []
         for _ in range(2):
-            self.assertEqual(
-                cache.get_or_compute([1, 2], lambda: calls.append(1) or 7), 7
-            )
+            self.assertEqual(cache.get_or_compute([1, 2], lambda: calls.append(1) or 7), 7)
         self.assertEqual((len(calls), len(cache)), (2, 0))
 
     def test_keep_decides_what_is_stored(self) -> None:

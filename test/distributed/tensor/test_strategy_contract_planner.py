@@ -76,6 +76,7 @@ aten = torch.ops.aten
 CANDIDATE_CAP = 12
 
 
+
 @torch.library.custom_op("strategy_contract_planner_test::halve", mutates_args=())
 def halve(x: torch.Tensor) -> torch.Tensor:
     """A user-defined pointwise op: no DTensor registry knows it."""
@@ -135,9 +136,7 @@ def pointwise_rules(schema: OpSchema) -> list[list[Placement | None]]:
     """The planner's own single-dim rules for a pointwise op of same-shaped inputs."""
     n_inputs = sum(isinstance(a, OpStrategy) for a in schema.args_schema)
     ndim = len(schema.args_schema[0].shape)
-    rules: list[list[Placement | None]] = [
-        [Shard(d)] * (1 + n_inputs) for d in range(ndim)
-    ]
+    rules: list[list[Placement | None]] = [[Shard(d)] * (1 + n_inputs) for d in range(ndim)]
     rules.append([Replicate()] * (1 + n_inputs))
     return rules
 
@@ -183,15 +182,11 @@ class PlannerWalk:
     def to_schema_arg(self, arg: object) -> object:
         if isinstance(arg, torch.fx.Node):
             return self.input_strategy(arg)
-        if isinstance(arg, (list, tuple)) and any(
-            isinstance(a, torch.fx.Node) for a in arg
-        ):
+        if isinstance(arg, (list, tuple)) and any(isinstance(a, torch.fx.Node) for a in arg):
             converted = [self.to_schema_arg(a) for a in arg]
             if all(isinstance(a, torch.fx.Node) for a in arg):
                 # A tensor list, as DTensor wraps one.
-                return TupleStrategy(
-                    tuple(converted) if isinstance(arg, tuple) else converted
-                )
+                return TupleStrategy(tuple(converted) if isinstance(arg, tuple) else converted)
             return converted
         return arg
 
@@ -280,9 +275,7 @@ class PlannerWalk:
         self.test.assertEqual(infer_output_metas(schema), expected)
         self.plan(node, strategy, expected)
 
-    def plan(
-        self, node: torch.fx.Node, strategy: OpStrategy, metas: OutputMetas
-    ) -> None:
+    def plan(self, node: torch.fx.Node, strategy: OpStrategy, metas: OutputMetas) -> None:
         """Pick the cheapest OpSpec given the producers' picks; carry candidates on."""
         producers = self.tensor_input_nodes(node)
         picks = [self.chosen_index(p) for p in producers]
@@ -317,8 +310,7 @@ class PlannerWalk:
                 outputs(spec)[pos].placements
                 for spec in strategy.strategies
                 if all(
-                    any(math.isfinite(float(c)) for c in row)
-                    for row in spec.redistribute_cost
+                    any(math.isfinite(float(c)) for c in row) for row in spec.redistribute_cost
                 )
             ]
             candidates.append(cap_candidates(reachable, keep=chosen[pos].placements))
@@ -399,9 +391,7 @@ class TestPlannerConsumesStrategies(StrategyContractTestBase):
         self.assertEqual(cap_candidates(pool, cap=5, keep=(P, P))[-1], (P, P))
         self.assertEqual(cap_candidates([(R, R), (R, R), (S0, R)]), [(R, R), (S0, R)])
 
-    @parametrize(
-        "mesh_shape", [(2, 2), (2, 4)], name_fn=lambda s: "x".join(map(str, s))
-    )
+    @parametrize("mesh_shape", [(2, 2), (2, 4)], name_fn=lambda s: "x".join(map(str, s)))
     @parametrize("model", list(MODELS))
     def test_planner_walk(self, model: str, mesh_shape: tuple[int, int]) -> None:
         gm = trace_model(model)
@@ -426,10 +416,8 @@ class TestPlannerConsumesStrategies(StrategyContractTestBase):
         propagator = DTensor._op_dispatcher.sharding_propagator
         # The first op of the graph with one tensor result and a registered strategy.
         single_output = [
-            n.target
-            for n in gm.graph.nodes
-            if isinstance(n.target, OpOverload)
-            and [str(r.type) for r in n.target._schema.returns] == ["Tensor"]
+            n.target for n in gm.graph.nodes
+            if isinstance(n.target, OpOverload) and [str(r.type) for r in n.target._schema.returns] == ["Tensor"]
         ]
         op = answered_by("op_strategy", list(dict.fromkeys(single_output)))
         func = propagator.op_strategy_funcs[op]
@@ -449,9 +437,7 @@ class TestPlannerConsumesStrategies(StrategyContractTestBase):
             report = PlannerWalk(self, self.mesh((2, 2)), gm.graph).run()
         op_nodes = [n.name for n in gm.graph.nodes if n.target is op]
         self.assertEqual(
-            [f.split(" ")[0] for f in report.failures],
-            op_nodes,
-            "\n".join(report.failures),
+            [f.split(" ")[0] for f in report.failures], op_nodes, "\n".join(report.failures)
         )
         self.assertIn("C1", report.failures[0])
 

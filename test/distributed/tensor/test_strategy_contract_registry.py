@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from torch._ops import OpOverload
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._ops._contract_mode import format_ops, format_summary
 from torch.distributed.tensor._ops._contract_validation import ContractValidation
 from torch.distributed.tensor._ops.strategy_contract import (
@@ -83,13 +84,11 @@ def mesh_name(shape: tuple[int, ...]) -> str:
     return "mesh_" + "x".join(map(str, shape))
 
 
-def registry_coverage(
-    ops: Iterable[OpOverload],
-) -> dict[str, tuple[int, int]]:
+
+def registry_coverage(ops: Iterable[OpOverload]) -> dict[str, tuple[int, int]]:
     """Per registry: how many of ``ops`` it answers for, and how many it holds
     (for the decomposition, the explicit decompositions no other registry answers)."""
     from torch._decomp import decomposition_table
-    from torch.distributed.tensor import DTensor
 
     propagator = DTensor._op_dispatcher.sharding_propagator
     single_dim = set(propagator.op_single_dim_strategy_funcs)
@@ -105,7 +104,6 @@ def registry_coverage(
         if registry is not None:
             reached[registry] += 1
     return {r: (reached[r], registered[r]) for r in REGISTRIES}
-
 
 class TestStrategyContractRegistry(StrategyContractTestBase):
     calls: dict[OpOverload, list[CapturedCall]]
@@ -141,9 +139,7 @@ class TestStrategyContractRegistry(StrategyContractTestBase):
         print(format_summary(validation, per_op_table=False))
         # utility mode expands the single-dim rules, so it reaches those ops only
         expected = [
-            op
-            for op in self.calls
-            if mode != "utility" or strategy_registry(op) == "single_dim"
+            op for op in self.calls if mode != "utility" or strategy_registry(op) == "single_dim"
         ]
         (ops,) = validation.results.values()
         self.assertEqual(len(ops), len(expected))
@@ -159,12 +155,8 @@ class TestStrategyContractRegistry(StrategyContractTestBase):
         coverage = registry_coverage(self.calls)
         print(f"capture: {self.capture_counts}")
         for registry, (reached, registered) in coverage.items():
-            print(
-                f"{registry}: {reached} of {registered} registered ops reached by OpInfo samples"
-            )
-            self.assertGreaterEqual(
-                reached, MIN_REACHED_SHARE[registry] * registered, registry
-            )
+            print(f"{registry}: {reached} of {registered} registered ops reached by OpInfo samples")
+            self.assertGreaterEqual(reached, MIN_REACHED_SHARE[registry] * registered, registry)
 
     def test_refusals_are_reasoned(self) -> None:
         print(f"RUNTIME_REFUSALS ({len(RUNTIME_REFUSALS)}):")

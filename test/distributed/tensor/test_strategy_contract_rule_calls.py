@@ -62,9 +62,7 @@ MISSING_ARGUMENT_ERRORS = (IndexError, TypeError, AttributeError, KeyError)
 def _signature(op: OpOverload) -> tuple[tuple[str, str, bool], ...]:
     """An op's arguments but its ``out=`` tensors: overloads alike here take the same calls."""
     return tuple(
-        (a.name, str(a.type), a.kwarg_only)
-        for a in op._schema.arguments
-        if not a.is_out
+        (a.name, str(a.type), a.kwarg_only) for a in op._schema.arguments if not a.is_out
     )
 
 
@@ -72,9 +70,7 @@ def _base_name(op: OpOverload) -> str:
     return op._schema.name.split("::")[-1].removesuffix("_")
 
 
-def required_only(
-    op: OpOverload, args: Sequence[object], kwargs: Mapping[str, object]
-) -> Args:
+def required_only(op: OpOverload, args: Sequence[object], kwargs: Mapping[str, object]) -> Args:
     """The call with every argument that has a default left out.
 
     Positional arguments up to the last one without a default stay (one the
@@ -83,8 +79,7 @@ def required_only(
     """
     positional = [a for a in op._schema.arguments if not a.kwarg_only]
     n_required = max(
-        (i + 1 for i, a in enumerate(positional) if not a.has_default_value()),
-        default=0,
+        (i + 1 for i, a in enumerate(positional) if not a.has_default_value()), default=0
     )
     kept: list[object] = []
     for i, arg in enumerate(positional[:n_required]):
@@ -95,9 +90,7 @@ def required_only(
         else:
             raise ValueError(f"{op}: the call has no argument {arg.name}")
     required_kw = {
-        a.name
-        for a in op._schema.arguments
-        if a.kwarg_only and not a.has_default_value()
+        a.name for a in op._schema.arguments if a.kwarg_only and not a.has_default_value()
     }
     missing = required_kw - set(kwargs)
     if missing:
@@ -125,15 +118,11 @@ class ArgumentSource:
         """A sampled overload taking the same arguments, of the same op if there is one."""
         same = self.by_signature.get(_signature(op), [])
         for candidate in same:
-            if candidate.namespace == op.namespace and _base_name(
-                candidate
-            ) == _base_name(op):
+            if candidate.namespace == op.namespace and _base_name(candidate) == _base_name(op):
                 return candidate
         return same[0] if same else None
 
-    def out_kwargs(
-        self, op: OpOverload, sibling: OpOverload
-    ) -> dict[str, object] | None:
+    def out_kwargs(self, op: OpOverload, sibling: OpOverload) -> dict[str, object] | None:
         """``op``'s ``out=`` tensors, given the metas of the sibling's results."""
         outs = [a.name for a in op._schema.arguments if a.is_out]
         if not outs:
@@ -161,10 +150,7 @@ class ArgumentSource:
         try:
             outs = self.out_kwargs(op, sibling)
         except Exception as e:
-            return (
-                None,
-                f"shape inference of {sibling} for its out= tensors raised {type(e).__name__}",
-            )
+            return None, f"shape inference of {sibling} for its out= tensors raised {type(e).__name__}"
         if outs is None:
             return None, f"{sibling}'s results do not match its out= tensors"
         args, kwargs = self.captured[sibling]
@@ -236,9 +222,7 @@ class TestSingleDimRulesCalledDirectly(StrategyContractTestBase):
         return element_op, element_args, schema.kwargs_meta
 
     def test_required_arguments_only(self) -> None:
-        registry = (
-            DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs
-        )
+        registry = DTensor._op_dispatcher.sharding_propagator.op_single_dim_strategy_funcs
         source = ArgumentSource(self.captured, made_calls(), self.infer)
         called: dict[str, str] = {}
         skipped: dict[str, str] = {}
@@ -268,9 +252,7 @@ class TestSingleDimRulesCalledDirectly(StrategyContractTestBase):
                 )
                 continue
             if not isinstance(rules, list):
-                failures.append(
-                    f"{op} ({origin}): returned {type(rules).__name__}, not a list"
-                )
+                failures.append(f"{op} ({origin}): returned {type(rules).__name__}, not a list")
                 continue
             called[str(op)] = origin
         print(
@@ -289,9 +271,7 @@ class TestSingleDimRulesCalledDirectly(StrategyContractTestBase):
             )
         # the call that started this test, wherever this torch registers it
         if aten._scaled_mm.default in registry:
-            self.assertTrue(
-                str(aten._scaled_mm.default) in called, "_scaled_mm was not called"
-            )
+            self.assertTrue(str(aten._scaled_mm.default) in called, "_scaled_mm was not called")
 
 
 if __name__ == "__main__":

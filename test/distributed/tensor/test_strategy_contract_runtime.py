@@ -237,10 +237,7 @@ class TestShapeInferenceCount(StrategyContractTestBase):
         self.p = _propagator()
 
     def dt(
-        self,
-        shape: Sequence[int],
-        *placements: Placement,
-        dtype: torch.dtype = torch.float32,
+        self, shape: Sequence[int], *placements: Placement, dtype: torch.dtype = torch.float32
     ) -> DTensor:
         """A DTensor on the 2x2 mesh (values are irrelevant: the PG is fake)."""
         full = torch.randn(shape).to(dtype)
@@ -258,9 +255,7 @@ class TestShapeInferenceCount(StrategyContractTestBase):
     def test_eager_cases_cover_every_registry(self) -> None:
         """Releases move ops between registries; the cases must still reach each."""
         reached = ops_by_registry(op for op, _ in EAGER_CASES.values())
-        self.assertEqual(
-            set(reached), set(REGISTRIES), f"the cases by registry: {reached}"
-        )
+        self.assertEqual(set(reached), set(REGISTRIES), f"the cases by registry: {reached}")
 
     @parametrize("case", list(EAGER_CASES))
     def test_one_inference_per_runtime_query(self, case: str) -> None:
@@ -289,9 +284,7 @@ class TestShapeInferenceCount(StrategyContractTestBase):
             dict(first.queried_ops_with_tensor_returns()),
             "shape inferences (left) differ from the sharding queries (right)",
         )
-        self.assertEqual(
-            first.inferred_ops()[str(op)], 1, f"inferences: {first.inferred_ops()}"
-        )
+        self.assertEqual(first.inferred_ops()[str(op)], 1, f"inferences: {first.inferred_ops()}")
 
         fast_before = _get_fast_path_sharding_prop_cache_stats()
         python_before = self.p.propagate_op_sharding.cache_info()
@@ -303,9 +296,7 @@ class TestShapeInferenceCount(StrategyContractTestBase):
         self.assertEqual(second.inferred, [], "the repeat ran shape inference")
         # Eager repeats are answered by the C++ fast-path cache, which subsumes the
         # Python one (whose hits therefore stay put, on stock torch too).
-        hits = (fast_after[0] - fast_before[0]) + (
-            python_after.hits - python_before.hits
-        )
+        hits = (fast_after[0] - fast_before[0]) + (python_after.hits - python_before.hits)
         self.assertGreaterEqual(hits, 1, "the repeat did not hit a sharding cache")
 
     @parametrize("case", ["t", "mm", "max_dim", "foreach_add", "hardswish"])
@@ -351,9 +342,7 @@ class TestShapeInferenceCount(StrategyContractTestBase):
         """Run ``call`` and check it inferred ``op``'s outputs ``expected`` times."""
         with count_inferences(self.p) as counts:
             result = call()
-        self.assertEqual(
-            counts.inferred_ops()[str(op)], expected, counts.inferred_ops()
-        )
+        self.assertEqual(counts.inferred_ops()[str(op)], expected, counts.inferred_ops())
         return result
 
     def test_registry_call_infers_once_per_schema(self) -> None:
@@ -365,24 +354,16 @@ class TestShapeInferenceCount(StrategyContractTestBase):
         )
         func = self.p.op_strategy_funcs[op]
         clear_sharding_caches(self.p)
-        self.assert_inferences(
-            op, 1, lambda: func(self.planner_schema(op, [(8, 6)], arg))
-        )
+        self.assert_inferences(op, 1, lambda: func(self.planner_schema(op, [(8, 6)], arg)))
         # An equal schema (a distinct object) is answered from the finalizer's cache.
-        self.assert_inferences(
-            op, 0, lambda: func(self.planner_schema(op, [(8, 6)], arg))
-        )
+        self.assert_inferences(op, 0, lambda: func(self.planner_schema(op, [(8, 6)], arg)))
         # Other candidates for the same metas: the output metas are the same.
         self.assert_inferences(
             op, 0, lambda: func(self.planner_schema(op, [(8, 6)], arg, n_candidates=3))
         )
         # A different input meta or non-tensor argument infers again.
-        self.assert_inferences(
-            op, 1, lambda: func(self.planner_schema(op, [(8, 4)], arg))
-        )
-        self.assert_inferences(
-            op, 1, lambda: func(self.planner_schema(op, [(8, 6)], other))
-        )
+        self.assert_inferences(op, 1, lambda: func(self.planner_schema(op, [(8, 4)], arg)))
+        self.assert_inferences(op, 1, lambda: func(self.planner_schema(op, [(8, 6)], other)))
         strategy = func(self.planner_schema(op, [(8, 4)], arg))
         self.assert_contract(self.planner_schema(op, [(8, 4)], arg), strategy)
 
@@ -399,18 +380,14 @@ class TestShapeInferenceCount(StrategyContractTestBase):
         self.assert_inferences(op, 1, lambda: query([(8, 6), (6, 4)]))
         self.assert_inferences(op, 0, lambda: query([(8, 6), (6, 4)]))
         self.assert_inferences(op, 1, lambda: query([(8, 6), (6, 8)]))
-        self.assert_contract(
-            self.planner_schema(op, [(8, 6), (6, 8)]), query([(8, 6), (6, 8)])
-        )
+        self.assert_contract(self.planner_schema(op, [(8, 6), (6, 8)]), query([(8, 6), (6, 8)]))
 
     def test_decomposition_query_infers_once_per_schema(self) -> None:
         op = answered_by("decomposition", [aten.hardswish.default])
         self.p.decomp_strategy.ensure_schema_info(op)
 
         def query(shape: Sequence[int]) -> object:
-            return self.p.decomp_strategy.propagate_strategy(
-                self.planner_schema(op, [shape])
-            )
+            return self.p.decomp_strategy.propagate_strategy(self.planner_schema(op, [shape]))
 
         clear_sharding_caches(self.p)
         self.assert_inferences(op, 1, lambda: query((8, 6)))
@@ -478,13 +455,8 @@ class TestDecompositionTraceBound(StrategyContractTestBase):
                     shardable = t.dim() > 0 and t.shape[0] % mesh.size() == 0
                     return distribute_tensor(t, mesh, [placement if shardable else R])
 
-                dargs, dkwargs = pytree.tree_map_only(
-                    torch.Tensor, distribute, (args, kwargs)
-                )
-                with (
-                    traced as trace,
-                    self.assertRaisesRegex(NotImplementedError, str(op)),
-                ):
+                dargs, dkwargs = pytree.tree_map_only(torch.Tensor, distribute, (args, kwargs))
+                with traced as trace, self.assertRaisesRegex(NotImplementedError, str(op)):
                     op(*dargs, **dkwargs)
                 self.assertEqual(trace.call_count, 0)
 

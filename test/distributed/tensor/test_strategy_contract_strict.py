@@ -80,10 +80,7 @@ def c3_wrong_input_meta(op_schema: OpSchema) -> OpStrategy:
 
 def c4_short_cost_row(op_schema: OpSchema) -> OpStrategy:
     return OpStrategy(
-        [
-            OpSpec(s, input_specs=[s], redistribute_cost=[[]])
-            for s in follow_input(op_schema)
-        ]
+        [OpSpec(s, input_specs=[s], redistribute_cost=[[]]) for s in follow_input(op_schema)]
     )
 
 
@@ -124,23 +121,16 @@ class TestStrictMode(StrategyContractTestBase):
         lib.define("list_out(Tensor[] xs) -> Tensor[]")
         lib.impl("one_out", lambda x: x.clone(), "CompositeExplicitAutograd")
         lib.impl("two_out", lambda x: (x.clone(), None), "CompositeExplicitAutograd")
-        lib.impl(
-            "list_out", lambda xs: [x.clone() for x in xs], "CompositeExplicitAutograd"
-        )
+        lib.impl("list_out", lambda xs: [x.clone() for x in xs], "CompositeExplicitAutograd")
 
     def setUp(self) -> None:
         super().setUp()
         self.propagator = DTensor._op_dispatcher.sharding_propagator
         self.addCleanup(_clear_sharding_prop_cache)
 
-    def register_temporarily(
-        self, op: torch._ops.OpOverload, func: StrategyFunc
-    ) -> None:
+    def register_temporarily(self, op: torch._ops.OpOverload, func: StrategyFunc) -> None:
         """Register ``func`` for ``op``; the test's cleanup restores the registry."""
-        registries = (
-            self.propagator.op_strategy_funcs,
-            self.propagator.op_to_schema_info,
-        )
+        registries = (self.propagator.op_strategy_funcs, self.propagator.op_to_schema_info)
         saved = [r.get(op) for r in registries]
 
         def restore() -> None:
@@ -200,12 +190,8 @@ class TestStrictMode(StrategyContractTestBase):
     def test_dtensor_own_strategies_pass(self) -> None:
         """DTensor's own strategies for everyday ops are clean in strict mode."""
         mesh = self.mesh((2, 2))
-        a = DTensor.from_local(
-            torch.randn(4, 6), mesh, [Shard(0), Replicate()], run_check=False
-        )
-        b = DTensor.from_local(
-            torch.randn(6, 8), mesh, [Replicate(), Shard(1)], run_check=False
-        )
+        a = DTensor.from_local(torch.randn(4, 6), mesh, [Shard(0), Replicate()], run_check=False)
+        b = DTensor.from_local(torch.randn(6, 8), mesh, [Replicate(), Shard(1)], run_check=False)
         with strict_strategy_contract():
             out = torch.mm(a, b).relu().sum(dim=0)
             torch.nn.functional.layer_norm(a, (6,)).t().contiguous()

@@ -40,9 +40,7 @@ aten = torch.ops.aten
 
 def in_float64(spec: DTensorSpec) -> DTensorSpec:
     meta = spec.tensor_meta
-    return spec.shallow_copy_with_tensor_meta(
-        TensorMeta(meta.shape, meta.stride, torch.float64)
-    )
+    return spec.shallow_copy_with_tensor_meta(TensorMeta(meta.shape, meta.stride, torch.float64))
 
 
 def candidates(schema: OpSchema) -> list[DTensorSpec]:
@@ -51,26 +49,15 @@ def candidates(schema: OpSchema) -> list[DTensorSpec]:
 
 # clause -> (op, strategy as its function gives it)
 BROKEN = {
-    "C1": (
-        aten.relu.default,
-        lambda s: OpStrategy([OpSpec(in_float64(c), [c]) for c in candidates(s)]),
-    ),
-    "C3": (
-        aten.relu.default,
-        lambda s: OpStrategy([OpSpec(c, [in_float64(c)]) for c in candidates(s)]),
-    ),
-    "C4": (
-        aten.relu.default,
-        lambda s: OpStrategy([OpSpec(c, [c], [[]]) for c in candidates(s)]),
-    ),
+    "C1": (aten.relu.default, lambda s: OpStrategy([OpSpec(in_float64(c), [c]) for c in candidates(s)])),
+    "C3": (aten.relu.default, lambda s: OpStrategy([OpSpec(c, [in_float64(c)]) for c in candidates(s)])),
+    "C4": (aten.relu.default, lambda s: OpStrategy([OpSpec(c, [c], [[]]) for c in candidates(s)])),
 }
 
 
 class TestStrictCheck(StrategyContractTestBase):
     def schema(self, op: torch._ops.OpOverload) -> OpSchema:
-        return strategy_schema(
-            self.mesh((2, 2)), op, (torch.randn(8, 6),), None, planner_candidates
-        )
+        return strategy_schema(self.mesh((2, 2)), op, (torch.randn(8, 6),), None, planner_candidates)
 
     @parametrize("clause", list(BROKEN))
     def test_names_op_strategy_and_clause(self, clause: str) -> None:
@@ -78,28 +65,18 @@ class TestStrictCheck(StrategyContractTestBase):
         schema = self.schema(op)
         broken = build(schema)
         with self.assertRaises(StrictContractError) as ctx:
-            check_strict(
-                schema, broken, broken, infer_output_metas(schema), "broken_rule"
-            )
-        self.assertEqual(
-            (ctx.exception.op, ctx.exception.source, ctx.exception.clause),
-            (op, "broken_rule", clause),
-        )
+            check_strict(schema, broken, broken, infer_output_metas(schema), "broken_rule")
+        self.assertEqual((ctx.exception.op, ctx.exception.source, ctx.exception.clause), (op, "broken_rule", clause))
         self.assertIn(f"violates {clause} in OpSpec 0", str(ctx.exception))
 
     def test_left_out_fields_are_not_violations(self) -> None:
         """A strategy may leave out what the registry exit completes: only a finalized
         strategy is held to every clause."""
         schema = self.schema(aten.relu.default)
-        bare = OpStrategy(
-            [OpSpec(DTensorSpec(c.mesh, c.placements)) for c in candidates(schema)]
-        )
-        complete = OpStrategy(
-            [
-                OpSpec(c, [c], [[0.0] * len(candidates(schema))])
-                for c in candidates(schema)
-            ]
-        )
+        bare = OpStrategy([OpSpec(DTensorSpec(c.mesh, c.placements)) for c in candidates(schema)])
+        complete = OpStrategy([
+            OpSpec(c, [c], [[0.0] * len(candidates(schema))]) for c in candidates(schema)
+        ])
         metas = infer_output_metas(schema)
         check_strict(schema, bare, complete, metas, "bare_rule")
         with self.assertRaisesRegex(StrictContractError, "'bare_rule' violates C1"):
@@ -119,11 +96,7 @@ class TestStrictCheck(StrategyContractTestBase):
         for value, expected in (("1", "True"), ("0", "False")):
             env = {**os.environ, ENV_VAR: value}
             out = subprocess.run(
-                [sys.executable, "-c", code],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
             )
             self.assertEqual(out.stdout.strip(), expected, out.stderr)
 

@@ -43,9 +43,7 @@ class TestTensorOpsStrategyContract(StrategyOpsTestBase):
                     _, strategy = self.query(shape, mode, op, args, kwargs)
                     self.assert_output_metas(strategy, [expected])
                     for spec in self.specs_of(strategy):
-                        self.assertEqual(
-                            spec.input_specs[0].tensor_meta.dtype, torch.bfloat16
-                        )
+                        self.assertEqual(spec.input_specs[0].tensor_meta.dtype, torch.bfloat16)
 
     @parametrize("shape", OP_MESHES, name_fn=mesh_name)
     def test_factory_like_dtype_from_kwarg(self, shape: tuple[int, ...]) -> None:

@@ -113,28 +113,19 @@ def _cases() -> list[Case]:
         Case("mm", aten.mm.default, (x, y), {}, ((S0, R), (R, S1))),
         Case("add", aten.add.Tensor, (x, x), {}, ((S0, R), (R, S1))),
         Case(
-            "to_copy",
-            aten._to_copy.default,
-            (x,),
-            {"dtype": torch.float64},
+            "to_copy", aten._to_copy.default, (x,), {"dtype": torch.float64},
             ((S0, P),),
         ),
         Case("max_dim", aten.max.dim, (x, 1), {}, ((S0, S1),)),
         Case(
-            "foreach_add",
-            aten._foreach_add.List,
-            ([x, v4], [x, v4]),
-            {},
+            "foreach_add", aten._foreach_add.List, ([x, v4], [x, v4]), {},
             ((S0, R), (R, R), (R, S1), (S0, R)),
         ),
         Case("t", aten.t.default, (x,), {}, ((S0, R),)),
         Case("sum_dim", aten.sum.dim_IntList, (x, [1]), {}, ((S0, S1),)),
         Case("softmax", aten._softmax.default, (x, 1, False), {}, ((S0, S1),)),
         Case(
-            "layer_norm",
-            aten.native_layer_norm.default,
-            (x, [6], v6, v6, 1e-5),
-            {},
+            "layer_norm", aten.native_layer_norm.default, (x, [6], v6, v6, 1e-5), {},
             ((S0, R), (R, R), (R, R)),
         ),
         Case("view", aten.view.default, (x, [4, 12]), {}, ((S0, R),)),
@@ -289,9 +280,7 @@ def run_in_threads(
             where[i] = "failed"
 
     workers = [
-        threading.Thread(
-            target=work, args=(i,), name=f"strategy-query-{i}", daemon=True
-        )
+        threading.Thread(target=work, args=(i,), name=f"strategy-query-{i}", daemon=True)
         for i in range(threads)
     ]
     # Hand the GIL over far more often than the default 5 ms, so that threads
@@ -376,14 +365,9 @@ class TestConcurrentQueries(ThreadsTestBase):
         mesh = self.mesh_2d()
         queries = []
         for case in _cases():
-            schema = strategy_schema(
-                mesh, case.op, case.args, case.kwargs, capped_candidates(4)
-            )
+            schema = strategy_schema(mesh, case.op, case.args, case.kwargs, capped_candidates(4))
             queries.append(
-                Query(
-                    f"planner {case.name}",
-                    lambda s=schema: propagator.get_op_strategy(s),
-                )
+                Query(f"planner {case.name}", lambda s=schema: propagator.get_op_strategy(s))
             )
         return queries
 
@@ -394,9 +378,7 @@ class TestConcurrentQueries(ThreadsTestBase):
         mesh = self.mesh_2d()
         queries = []
         for case in _cases():
-            schema = runtime_schema(
-                mesh, case.op, case.args, case.kwargs, case.placements
-            )
+            schema = runtime_schema(mesh, case.op, case.args, case.kwargs, case.placements)
             queries.append(
                 Query(
                     f"runtime {case.name}",
@@ -409,9 +391,7 @@ class TestConcurrentQueries(ThreadsTestBase):
         """The shared queries reach single-dim rules, registered strategies and
         decompositions (once ops move registry, the cases could test less)."""
         reached = ops_by_registry(case.op for case in _cases())
-        self.assertEqual(
-            set(reached), set(REGISTRIES), f"the cases by registry: {reached}"
-        )
+        self.assertEqual(set(reached), set(REGISTRIES), f"the cases by registry: {reached}")
 
     def test_planner_queries(self) -> None:
         """``get_op_strategy`` from 8 threads, every op in flight at once."""
@@ -430,11 +410,7 @@ class TestConcurrentQueries(ThreadsTestBase):
             if thread == 0:
                 clear_caches()
 
-        queries = [
-            q
-            for pair in zip(self.runtime_queries(), self.planner_queries())
-            for q in pair
-        ]
+        queries = [q for pair in zip(self.runtime_queries(), self.planner_queries()) for q in pair]
         self.assert_threads_match_serial(queries, between_rounds=clear_from_thread_0)
 
     def test_eager_dtensor_ops(self) -> None:
@@ -509,8 +485,7 @@ class TestCachesStayBounded(ThreadsTestBase):
             clear()
 
         queries = [
-            Query(f"{name} {i}", lambda c=c: (c(), observe())[1])
-            for i, c in enumerate(calls)
+            Query(f"{name} {i}", lambda c=c: (c(), observe())[1]) for i, c in enumerate(calls)
         ]
         run = run_in_threads(queries, rounds=rounds, between_rounds=restart_fill)
         self.assert_run_finished(run)
@@ -533,23 +508,17 @@ class TestCachesStayBounded(ThreadsTestBase):
         """``fill`` the shape-inference cache with its bound lowered to ``BOUND``."""
         cache = _output_metas._meta_cache
         with mock.patch.object(cache, "max_size", self.BOUND):
-            self.fill(
-                "_meta_cache", lambda: len(cache), cache.clear, calls, rounds=rounds
-            )
+            self.fill("_meta_cache", lambda: len(cache), cache.clear, calls, rounds=rounds)
 
     def test_meta_cache_bounded(self) -> None:
         """Shape inference for 64 distinct planner schemas (``output_metas_for``, the
         planner path's cached inference) from 8 threads with a bound of 4."""
         mesh = self.mesh((4,))
         schemas = [
-            strategy_schema(
-                mesh, aten.add.Tensor, (torch.empty(k, 6), torch.empty(k, 6))
-            )
+            strategy_schema(mesh, aten.add.Tensor, (torch.empty(k, 6), torch.empty(k, 6)))
             for k in range(1, 65)
         ]
-        self.fill_meta_cache(
-            [lambda s=s: _output_metas.output_metas_for(s) for s in schemas]
-        )
+        self.fill_meta_cache([lambda s=s: _output_metas.output_metas_for(s) for s in schemas])
 
     def test_meta_cache_bounded_through_get_op_strategy(self) -> None:
         """The same bound holds when the cache is filled by whole planner queries."""
@@ -557,9 +526,7 @@ class TestCachesStayBounded(ThreadsTestBase):
         propagator = _propagator()
         schemas = [
             strategy_schema(
-                mesh,
-                aten.mm.default,
-                (torch.empty(4 * k, 6), torch.empty(6, 4)),
+                mesh, aten.mm.default, (torch.empty(4 * k, 6), torch.empty(6, 4)),
                 candidates=capped_candidates(3),
             )
             for k in range(1, 25)
@@ -571,16 +538,7 @@ class TestCachesStayBounded(ThreadsTestBase):
         """Redistribute costs of 128 distinct (source, target) pairs from 8 threads
         with a bound of 4."""
         mesh = self.mesh((2, 2))
-        placements = [
-            (R, R),
-            (S0, R),
-            (R, S1),
-            (S0, S1),
-            (P, R),
-            (R, P),
-            (S1, S0),
-            (P, P),
-        ]
+        placements = [(R, R), (S0, R), (R, S1), (S0, S1), (P, R), (R, P), (S1, S0), (P, P)]
         pairs = []
         for k in (4, 8):
             meta = meta_of(torch.empty(k, 6))
@@ -603,26 +561,10 @@ class TestCachesStayBounded(ThreadsTestBase):
     def test_default_bounds(self) -> None:
         """The shipped bounds are finite, positive integers, and the caches use them."""
         for name, bound, cache in (
-            (
-                "_META_CACHE_SIZE",
-                _output_metas._META_CACHE_SIZE,
-                _output_metas._meta_cache,
-            ),
-            (
-                "COST_CACHE_SIZE",
-                _redistribute_cost_cache.COST_CACHE_SIZE,
-                _redistribute_cost_cache._costs,
-            ),
-            (
-                "COST_CACHE_SIZE (sources)",
-                _redistribute_cost_cache.COST_CACHE_SIZE,
-                _redistribute_cost_cache._sources,
-            ),
-            (
-                "SHARDABLE_CACHE_SIZE",
-                _shardable_cache.SHARDABLE_CACHE_SIZE,
-                _shardable_cache._answers,
-            ),
+            ("_META_CACHE_SIZE", _output_metas._META_CACHE_SIZE, _output_metas._meta_cache),
+            ("COST_CACHE_SIZE", _redistribute_cost_cache.COST_CACHE_SIZE, _redistribute_cost_cache._costs),
+            ("COST_CACHE_SIZE (sources)", _redistribute_cost_cache.COST_CACHE_SIZE, _redistribute_cost_cache._sources),
+            ("SHARDABLE_CACHE_SIZE", _shardable_cache.SHARDABLE_CACHE_SIZE, _shardable_cache._answers),
         ):
             self.assertEqual(cache.max_size, bound, name)
             self.assertIsInstance(bound, int, name)

@@ -11,14 +11,10 @@ what cannot shard, and combinations that share a spec keep their own costs. (The
 caches behind it are tested in ``test_strategy_contract_expansion_caches.py``.)
 """
 
+
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
-from torch.distributed.tensor._op_schema import (
-    OpSchema,
-    OpSpec,
-    OpStrategy,
-    RuntimeSchemaInfo,
-)
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, RuntimeSchemaInfo
 from torch.distributed.tensor._ops.utils import (
     expand_to_full_mesh_op_strategy,
     specs_per_candidate,
@@ -51,16 +47,7 @@ R, S0, S1, P = Replicate(), Shard(0), Shard(1), Partial()
 
 def _layer_norm_backward_args() -> tuple:
     g, x, w, b = torch.randn(8, 6), torch.randn(8, 6), torch.randn(6), torch.randn(6)
-    return (
-        g,
-        x,
-        [6],
-        torch.randn(8, 1),
-        torch.rand(8, 1) + 0.5,
-        w,
-        b,
-        [True, False, True],
-    )
+    return (g, x, [6], torch.randn(8, 1), torch.rand(8, 1) + 0.5, w, b, [True, False, True])
 
 
 # (op, args, rules with outputs first, input_index): rules as a downstream author writes them
@@ -94,12 +81,8 @@ class TestExpandToFullMesh(StrategyContractTestBase):
         for mesh_shape in ((4,), (2, 2)):
             with self.subTest(mesh=mesh_shape):
                 mesh = self.mesh(mesh_shape)
-                schema = strategy_schema(
-                    mesh, op, make_args(), None, planner_candidates
-                )
-                strategy = expand_to_full_mesh_op_strategy(
-                    mesh, schema, rules, input_index=input_index
-                )
+                schema = strategy_schema(mesh, op, make_args(), None, planner_candidates)
+                strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=input_index)
                 self.assertGreater(len(strategy.strategies), 0)
                 self.assert_contract(schema, strategy)
 
@@ -110,10 +93,7 @@ class TestExpandToFullMesh(StrategyContractTestBase):
         a, b = meta_of(torch.randn(8, 6)), meta_of(torch.randn(8, 10))
         schema = OpSchema(
             aten.add.Tensor,  # (8, 6) + (8, 10) does not broadcast
-            tuple(
-                OpStrategy([OpSpec(DTensorSpec(mesh, (R,), tensor_meta=m))])
-                for m in (a, b)
-            ),
+            tuple(OpStrategy([OpSpec(DTensorSpec(mesh, (R,), tensor_meta=m))]) for m in (a, b)),
             {},
             RuntimeSchemaInfo(),
         )
@@ -127,17 +107,12 @@ class TestExpandToFullMesh(StrategyContractTestBase):
 class TestExpansionFilters(StrategyContractTestBase):
     """What the expansion leaves out is decided per placement, not per combination."""
 
-    def expand(
-        self, rules: list[list[Placement]], shape: tuple[int, ...]
-    ) -> set[tuple[Placement, ...]]:
+    def expand(self, rules: list[list[Placement]], shape: tuple[int, ...]) -> set[tuple[Placement, ...]]:
         from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
         mesh = self.mesh((2, 2))
         schema = strategy_schema(
-            mesh,
-            aten.neg.default,
-            (torch.empty(shape),),
-            candidates=capped_candidates(4),
+            mesh, aten.neg.default, (torch.empty(shape),), candidates=capped_candidates(4)
         )
         strategy = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
         return {spec.output_spec.placements for spec in strategy.strategies}
@@ -182,17 +157,14 @@ class TestExpansionFilters(StrategyContractTestBase):
         for spec in specs:
             self.assertEqual(spec.input_specs[1].placements, (R, R))
             self.assertEqual(
-                spec.input_specs[1].tensor_meta,
-                schema.args_schema[1].strategies[0].output_spec.tensor_meta,
+                spec.input_specs[1].tensor_meta, schema.args_schema[1].strategies[0].output_spec.tensor_meta
             )
 
 
 class TestSpecsPerCandidate(StrategyContractTestBase):
     def test_refused_candidates_drop_out(self) -> None:
         mesh = self.mesh((2, 2))
-        schema = strategy_schema(
-            mesh, aten.relu.default, (torch.randn(8, 6),), candidates=planner_candidates
-        )
+        schema = strategy_schema(mesh, aten.relu.default, (torch.randn(8, 6),), candidates=planner_candidates)
         inp = schema.args_schema[0]
 
         def only_replicate(c: OpSpec) -> OpSpec:
@@ -205,6 +177,7 @@ class TestSpecsPerCandidate(StrategyContractTestBase):
         # with every candidate refused, the first refusal is the answer
         with self.assertRaisesRegex(RuntimeError, "refused"):
             specs_per_candidate(OpStrategy(inp.strategies[1:]), only_replicate)
+
 
 
 instantiate_parametrized_tests(TestExpandToFullMesh)
