@@ -27,9 +27,7 @@ from torch.testing._internal.distributed._tensor.contract_common import (
     mesh_name,
     OP_MESHES,
     sharded_candidate,
-)
-from torch.testing._internal.distributed._tensor.contract_ops_common import (
-    StrategyOpsTestBase,
+    StrategyContractTestBase,
 )
 from torch.testing._internal.distributed._tensor.contract_sweep import (
     strategy_registry,
@@ -40,7 +38,7 @@ from torch.testing._internal.distributed._tensor.contract_sweep import (
 aten = torch.ops.aten
 
 
-class TestExpansionWithCallerMetas(StrategyOpsTestBase):
+class TestExpansionWithCallerMetas(StrategyContractTestBase):
     def expand_with_metas(
         self, mesh: DeviceMesh, op: torch._ops.OpOverload, args: Sequence[object], metas: object
     ) -> tuple[OpSchema, StrategyType]:
