@@ -11,7 +11,7 @@ configuration applies to these paths):
   ``.venv`` goes through all three tools, and only findings on lines the patch
   adds are kept (the rest of the file is upstream's, judged by upstream);
 - mypy checks the new modules and the patched files as installed in ``.venv``,
-  so their imports resolve against torch 2.13.0 with the change applied.
+  so their imports resolve against torch 2.14.1 with the change applied.
   ``torch/testing/_internal/**`` and ``test/**`` get no mypy run: PyTorch's
   MYPY linter leaves both out.
 
@@ -171,7 +171,7 @@ def _module_name(rel: str) -> str:
     return dotted.removesuffix(".__init__")
 
 
-def collect(root: Path, site: Path, patches: Path | None = None) -> Targets:
+def collect(root: Path, site: Path) -> Targets:
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *CHANGE_DIRS],
         cwd=root, check=True, capture_output=True, text=True,
@@ -179,7 +179,7 @@ def collect(root: Path, site: Path, patches: Path | None = None) -> Targets:
     repo_files = sorted({rel for rel in listed if rel.endswith(".py") and (root / rel).is_file()})
     patched: dict[str, Path] = {}
     added: dict[str, set[int]] = {}
-    patches = patches or root / "patches"
+    patches = root / "patches"
     for patch in sorted(patches.rglob("*.py.patch")):
         rel = patch.relative_to(patches).as_posix()[: -len(".patch")]
         installed = site / rel
@@ -264,14 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv", help="the built venv (torch with the change)")
     parser.add_argument("--lint-venv", type=Path, default=ROOT / ".venv-lint", help="venv holding the pinned linters")
-    parser.add_argument("--patches", type=Path, default=None,
-                        help="the diffs the built venv's upstream files carry (default: patches/; for 2.14.1: "
-                        ".venv-2.14.1/.rebased-patches, the rebased change the build applied)")
     parser.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     args = parser.parse_args(argv)
     python = args.venv / "bin" / "python"
-    site = args.venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    targets = collect(ROOT, site, args.patches)
+    sites = sorted(args.venv.glob("lib/python3*/site-packages"))
+    if len(sites) != 1:
+        raise SystemExit(f"lint: {args.venv} is not a built venv; run `make build`")
+    targets = collect(ROOT, sites[0])
     raw, timings = run_linters(ROOT, args.lint_venv, python, targets, args.jobs)
     findings, dropped = keep_added(raw, targets.added)
     print(report(findings, dropped, timings, targets))

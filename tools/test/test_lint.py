@@ -1,14 +1,13 @@
-# Owner(s): ["oncall: distributed"]
-"""Tests for `make lint`'s bookkeeping (tools/lint.py): which lines of a patched
-upstream file count as the change's, and how linter output is read.
-
-Run with ``.venv/bin/python -m pytest tools/test`` or as a script.
+"""Tests of `make lint`'s bookkeeping (tools/lint.py): which lines of a patched
+upstream file count as the change's, how linter output is read, and what is linted.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import tempfile
 import textwrap
 import unittest
 from pathlib import Path
@@ -18,7 +17,6 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools import lint
-
 
 PATCH = textwrap.dedent(
     """\
@@ -42,8 +40,11 @@ PATCH = textwrap.dedent(
 )
 
 
+TO_REL = {"/venv/site-packages/torch/x.py": "torch/x.py"}
+
+
 class AddedLinesTest(unittest.TestCase):
-    def test_added_lines_are_numbered_in_the_new_file(self) -> None:
+    def test_numbered_in_the_new_file(self) -> None:
         # hunk 1: new lines 1 a, 2 +b, 3 c, 4 +e, 5 x = 1; hunk 2 starts at 21
         self.assertEqual(lint.added_lines(PATCH), {2, 4, 22, 23, 24})
 
@@ -67,14 +68,11 @@ class AddedLinesTest(unittest.TestCase):
 
 
 class ParseTest(unittest.TestCase):
-    TO_REL = {"/venv/site-packages/torch/x.py": "torch/x.py"}
-
     def test_flake8(self) -> None:
         out = "/venv/site-packages/torch/x.py:7:1: B950 line too long (140 > 120 characters)\nnoise\n"
-        self.assertEqual(
-            lint.parse_flake8(out, self.TO_REL),
-            [lint.Finding("torch/x.py", 7, 1, "flake8", "B950", "line too long (140 > 120 characters)")],
-        )
+        self.assertEqual(lint.parse_flake8(out, TO_REL), [
+            lint.Finding("torch/x.py", 7, 1, "flake8", "B950", "line too long (140 > 120 characters)")
+        ])
 
     def test_ruff(self) -> None:
         out = json.dumps(
@@ -88,26 +86,39 @@ class ParseTest(unittest.TestCase):
             "/venv/site-packages/torch/x.py:5:3: note: a note\n"
             "tools/a.py: error: Source file found twice  [misc]\n"
         )
-        self.assertEqual(
-            lint.parse_mypy(out, self.TO_REL),
-            [
-                lint.Finding("torch/x.py", 5, 3, "mypy", "return-value", "Incompatible return value type"),
-                lint.Finding("tools/a.py", 0, 0, "mypy", "misc", "Source file found twice"),
-            ],
-        )
+        self.assertEqual(lint.parse_mypy(out, TO_REL), [
+            lint.Finding("torch/x.py", 5, 3, "mypy", "return-value", "Incompatible return value type"),
+            lint.Finding("tools/a.py", 0, 0, "mypy", "misc", "Source file found twice"),
+        ])
 
 
 class CollectTest(unittest.TestCase):
-    def test_repo_targets(self) -> None:
-        site = lint.ROOT / ".venv" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-        if not (site / "torch").is_dir():
-            self.skipTest("no built .venv")
-        targets = lint.collect(lint.ROOT, site)
-        self.assertIn("tools/lint.py", targets.repo_files)
-        self.assertIn("torch/distributed/tensor/_sharding_prop.py", targets.patched)
-        self.assertIn("torch.distributed.tensor._sharding_prop", targets.mypy_modules)
-        self.assertIn("torch.distributed.tensor.debug", targets.mypy_modules)
-        self.assertFalse(any(m.startswith(("torch.testing._internal", "test.")) for m in targets.mypy_modules))
+    def test_what_is_linted(self) -> None:
+        tmp = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        root, site = tmp / "repo", tmp / "site"
+        upstream = "torch/distributed/tensor/x.py"
+        files = {
+            f"repo/patches/{upstream}.patch": PATCH,
+            "repo/torch/distributed/tensor/_new.py": "",
+            "repo/torch/testing/_internal/distributed/helper.py": "",
+            "repo/test/distributed/tensor/test_new.py": "",
+            "repo/tools/tool.py": "",
+            f"site/{upstream}": "",
+        }
+        for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+        targets = lint.collect(root, site)
+        self.assertEqual(targets.repo_files, [
+            "test/distributed/tensor/test_new.py",
+            "tools/tool.py",
+            "torch/distributed/tensor/_new.py",
+            "torch/testing/_internal/distributed/helper.py",
+        ])
+        self.assertEqual(targets.patched, {upstream: site / upstream})
+        self.assertEqual(targets.added, {upstream: {2, 4, 22, 23, 24}})
+        self.assertEqual(targets.mypy_modules, ["tools.tool", "torch.distributed.tensor._new", "torch.distributed.tensor.x"])
 
 
 if __name__ == "__main__":

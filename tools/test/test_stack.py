@@ -1,421 +1,215 @@
-# Owner(s): ["oncall: distributed"]
-"""Tests for the PR stack (tools/stack.py) and its rebase (tools/rebase.py).
-
-They run on the fake site-packages trees of ``test_build`` (a few-file
-``torch``), so the stack logic, git verification, check-stack's overlay runs and
-the three-way rebase with stored resolutions all take seconds.
-``RealStackTest`` checks the repo's own manifest against the repo as it is now.
-
-Run with ``.venv/bin/python -m pytest tools/test`` or as a script.
+"""Tests of the PR stack (tools/build.py with tools/stack.toml): placing every hunk
+and new file in exactly one step, `make export` (patches that `git apply` in order,
+PR texts, the size table and each rule that fails it) and `make check-stack`
+(steps 1..k on a fresh overlay, each test file run once), on a fake stock venv.
 """
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import base64
 import io
-import os
+import re
 import subprocess
-import shutil
 import sys
-import textwrap
-import zipfile
+import unittest
+from contextlib import redirect_stderr
 from pathlib import Path
-from typing import TYPE_CHECKING
-from unittest import mock
 
-from torch.testing._internal.common_utils import run_tests, TestCase
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 
-if TYPE_CHECKING:
-    # the modules the imports below give at run time, as the type checker knows them
-    import tools.rebase as rebase
-    import tools.stack as stack
-    from tools.test import test_build as tb
-else:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import test_build as tb
+from tools import build as bt
+from tools.test import fakes
+from tools.test.fakes import UTILS, UTILS_TEXT, step_toml
 
-    stack = tb.bt._load_tool("stack")
-    rebase = tb.bt._load_tool("rebase")
+MODULE = "torch/testing/_internal/distributed/_tensor/contract.py"
+TEST_ONE = "test/distributed/tensor/test_one.py"
+TEST_TWO = "test/distributed/tensor/test_two.py"
+EXTRA = "test/distributed/tensor/test_extra.py"
 
-bt = tb.bt
-
-PROP, API, NEW_MODULE = tb.PROP, tb.API, tb.NEW_MODULE
-TEST_FILE = "test/distributed/tensor/test_strategy_contract.py"
-HELPER = "torch/testing/_internal/distributed/_tensor/contract_common.py"
-# two hunks far apart, so a manifest can split them
-PROP_TWO_HUNKS = tb._replace_line(tb.PROP_EDIT_A, "return x + 25\n", "return x + 25  # contract C\n")
+TEST_ONE_TEXT = """\
+from torch.distributed.tensor._ops import utils
+from torch.testing._internal.distributed._tensor.contract import X
 
 
-def step_toml(slug: str, files: list[str], run: list[str] | None = None, results: str = "{check_stack}") -> str:
-    entries = ", ".join(f'"{f}"' for f in files)
-    extra = f"run = [{', '.join(repr(r).replace(chr(39), chr(34)) for r in run)}]\n" if run else ""
-    return textwrap.dedent(
-        f"""
-        [[step]]
-        slug = "{slug}"
-        title = "[DTensor] step {slug}"
-        files = [{entries}]
-        {extra}what = "What {slug} does."
-        why = "Why {slug}."
-        downstream = "What a planner can delete after {slug}."
-        test_plan = "How {slug} is tested."
-        results = \"\"\"{results}\"\"\"
-        """
-    )
+def test_first_hunk_only():
+    assert (utils.rule_1(), utils.rule_10(), X) == (-1, 10, 3)
+"""
+TEST_TWO_TEXT = """\
+from torch.distributed.tensor._ops import utils
 
 
-class StackTestCase(tb.FakeTreeTestCase):
-    """A fake repo holding two patches, a new module, a test helper and a test."""
-
-    def setUp(self) -> None:
-        super().setUp()
-        (self.stock / "torch/testing/_internal/distributed").mkdir(parents=True)
-        (self.stock / "torch/testing/_internal/distributed/__init__.py").write_text("")
-        (self.stock / "torch/testing/__init__.py").write_text("")
-        (self.stock / "torch/testing/_internal/__init__.py").write_text("")
-        self.write_patch(PROP, PROP_TWO_HUNKS)
-        self.write_patch(API, tb.UPSTREAM[API] + "\n\ndef extra():\n    return 1")
-        self.write_module(NEW_MODULE, "CONTRACT = 1\n")
-        self.write_module(HELPER, "HELPER = 2\n")
-        test = self.repo / TEST_FILE
-        test.parent.mkdir(parents=True)
-        test.write_text(
-            "from torch.distributed.tensor._ops.strategy_contract import CONTRACT\n\n"
-            "def test_contract():\n    assert CONTRACT == 1\n"
-        )
-        self.build()
-        self.targets = [self.target, bt.Target(self.stock, self.tmp / "stock")]
-
-    def write_manifest(self, *steps: str) -> Path:
-        path = self.repo / "tools" / "stack.toml"
-        path.write_text("".join(steps))
-        return path
-
-    def default_manifest(self) -> Path:
-        return self.write_manifest(
-            step_toml("contract", [NEW_MODULE, HELPER, TEST_FILE]),
-            step_toml("prop", [PROP], run=[TEST_FILE]),
-            step_toml("api", [API]),
-        )
+def test_both_hunks():
+    assert (utils.rule_1(), utils.rule_10(), utils.rule_18()) == (-1, -10, -18)
+"""
 
 
-class DeriveTest(StackTestCase):
-    def test_steps_follow_the_manifest(self) -> None:
-        self.default_manifest()
-        derived = stack.derive_stack(self.sources, self.targets)
-        self.assertEqual([s.file_name for s in derived.steps],
-                         ["0001-contract.patch", "0002-prop.patch", "0003-api.patch"])
-        first, second, third = derived.steps
-        self.assertEqual(first.tests, (TEST_FILE,))
-        self.assertEqual(second.tests, (TEST_FILE,))  # `run` re-runs an earlier step's test
-        self.assertEqual(third.tests, ())
-        self.assertIsNone(first.before[NEW_MODULE])
-        self.assertEqual(first.after[PROP], tb.UPSTREAM[PROP].encode())
-        self.assertEqual(second.after[PROP], PROP_TWO_HUNKS.encode())
-        self.assertEqual(dict(third.after), dict(derived.results))
-
-    def test_unassigned_file_fails_by_name(self) -> None:
-        self.default_manifest()
-        self.write_module("torch/distributed/tensor/_ops/_late_addition.py", "x = 1\n")
-        with self.assertRaisesRegex(bt.BuildError, r"not assigned to any step[\s\S]*_late_addition\.py"):
-            stack.derive_stack(self.sources, self.targets)
-
-    def test_stale_or_double_entries_fail(self) -> None:
-        self.write_manifest(step_toml("a", [NEW_MODULE, HELPER, TEST_FILE, PROP, API, "torch/gone.py"]))
-        with self.assertRaisesRegex(bt.BuildError, r"names torch/gone\.py, which is neither patched"):
-            stack.derive_stack(self.sources, self.targets)
-        self.write_manifest(step_toml("a", [NEW_MODULE, HELPER, TEST_FILE, PROP, API]), step_toml("b", [API]))
-        with self.assertRaisesRegex(bt.BuildError, r"placed by two steps \(a and b\)"):
-            stack.derive_stack(self.sources, self.targets)
-
-    def test_exact_path_wins_over_glob(self) -> None:
-        self.write_manifest(
-            step_toml("code", [NEW_MODULE, HELPER, PROP, API]),
-            step_toml("tests", ["test/distributed/tensor/test_*.py"]),
-        )
-        late = self.repo / "test/distributed/tensor/test_strategy_contract_fuzz.py"
-        late.write_text("def test_fuzz():\n    pass\n")
-        derived = stack.derive_stack(self.sources, self.targets)
-        self.assertEqual(derived.steps[1].changed, (TEST_FILE, late.relative_to(self.repo).as_posix()))
-        self.write_manifest(
-            step_toml("code", [NEW_MODULE, HELPER, PROP, API, TEST_FILE]),
-            step_toml("tests", ["test/distributed/tensor/test_*.py"]),
-        )
-        derived = stack.derive_stack(self.sources, self.targets)
-        self.assertEqual(derived.steps[1].changed, ("test/distributed/tensor/test_strategy_contract_fuzz.py",))
-
-    def test_hunks_split_across_steps(self) -> None:
-        self.write_manifest(
-            step_toml("first-hunk", [NEW_MODULE, HELPER, TEST_FILE, f"{PROP}#1", API]),
-            step_toml("second-hunk", [f"{PROP}#2"]),
-        )
-        derived = stack.derive_stack(self.sources, self.targets)
-        after = derived.steps[0].after[PROP]
-        if after is None:
-            self.fail(f"step 1 deletes {PROP}")
-        middle = after.decode()
-        self.assertIn("# contract A", middle)
-        self.assertNotIn("# contract C", middle)
-        self.assertEqual(derived.steps[1].after[PROP], PROP_TWO_HUNKS.encode())
-        self.write_manifest(step_toml("only-one", [NEW_MODULE, HELPER, TEST_FILE, f"{PROP}#1", API]))
-        with self.assertRaisesRegex(bt.BuildError, r"cover hunks \[1\] but its patch has hunks 1-2"):
-            stack.derive_stack(self.sources, self.targets)
-
-    def test_manifest_errors_are_clear(self) -> None:
-        self.write_manifest(step_toml("Bad Slug", [API]))
-        with self.assertRaisesRegex(bt.BuildError, r"slug 'Bad Slug'"):
-            stack.derive_stack(self.sources, self.targets)
-        self.write_manifest(step_toml("a", [API]).replace('what = "What a does."', 'what = "---"'))
-        with self.assertRaisesRegex(bt.BuildError, r"would end a patch's message"):
-            stack.derive_stack(self.sources, self.targets)
-        self.write_manifest(step_toml("a", [NEW_MODULE, HELPER, TEST_FILE, PROP, API], results="{nonsense}"))
-        with self.assertRaisesRegex(bt.BuildError, r"unknown placeholder \{nonsense\}"):
-            stack.export_stack(self.sources, self.targets, self.tmp / "dist", lambda _: None)
+def two_step_repo(root: Path, two: str = TEST_TWO_TEXT) -> Path:
+    """Step one: hunk 1 of utils.py, a module, a test; step two: hunks 2-3 and a test."""
+    stack = step_toml("one", [f"{UTILS}#1", MODULE, TEST_ONE]) + step_toml("two", [f"{UTILS}#2-3", TEST_TWO])
+    files = {MODULE: "X = 3\n", TEST_ONE: TEST_ONE_TEXT, TEST_TWO: two}
+    return fakes.write_repo(root, {UTILS: fakes.utils_edit(1, 10, 18)}, files, stack)
 
 
-class ExportStackTest(StackTestCase):
-    def test_export_writes_a_series_git_applies_and_am_takes(self) -> None:
-        self.default_manifest()
-        out = self.tmp / "dist"
-        code, stdout, err = self.cli("export", "--out", str(out))
-        self.assertEqual(code, 0, err)
-        self.assertIn("wrote 3 stacked patches", stdout)
-        names = (out / "stack" / "series").read_text().split()
-        self.assertEqual(names, ["0001-contract.patch", "0002-prop.patch", "0003-api.patch"])
-        first = (out / "stack" / names[0]).read_text()
-        self.assertIn("Subject: [PATCH 1/3] [DTensor] step contract\n", first)
-        for heading in ("## What", "## Why", "## Downstream", "## Test plan", "## Results"):
-            self.assertIn(heading, first)
-        self.assertIn("Not measured yet: run `make check-stack`.", first)
-        # independent check: git am the series onto a pristine repo; the end equals the combined patch
-        tree = self.tmp / "pytorch"
-        env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
-               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"}
-        subprocess.run(["git", "init", "-q", str(tree)], check=True, env=env)
-        for rel in (PROP, API):
-            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tree / rel).write_text(tb.UPSTREAM[rel])
-        subprocess.run(["git", "add", "."], cwd=tree, check=True, env=env)
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", "base"],
-                       cwd=tree, check=True, env=env)
-        series = [str(out / "stack" / n) for n in names]
-        subprocess.run(["git", "am", "-q", "--keep-non-patch", *series], cwd=tree, check=True, env=env)
-        log = subprocess.run(["git", "log", "--format=%s"], cwd=tree, check=True, env=env, capture_output=True, text=True)
-        self.assertEqual(log.stdout.split("\n")[:3], ["[DTensor] step api", "[DTensor] step prop", "[DTensor] step contract"])
-        combined = self.tmp / "combined"
-        subprocess.run(["git", "init", "-q", str(combined)], check=True, env=env)
-        for rel in (PROP, API):
-            (combined / rel).parent.mkdir(parents=True, exist_ok=True)
-            (combined / rel).write_text(tb.UPSTREAM[rel])
-        subprocess.run(["git", "apply", str(out / bt.EXPORT_PATCH_NAME)], cwd=combined, check=True, env=env)
-        for rel in (PROP, API, NEW_MODULE, HELPER, TEST_FILE):
-            self.assertEqual((tree / rel).read_bytes(), (combined / rel).read_bytes(), rel)
-
-    def test_verification_catches_a_wrong_step(self) -> None:
-        self.default_manifest()
-        real = stack.step_diff
-
-        def swapped(step: stack.Step) -> str:  # step 2 claims to start from pristine text that is not there
-            text = real(step)
-            return text.replace("return x + 7\n", "return x + 70\n", 1) if step.slug == "prop" else text
-
-        with mock.patch.object(stack, "step_diff", swapped):
-            with self.assertRaisesRegex(bt.BuildError, r"rejected 0002-prop\.patch"):
-                stack.export_stack(self.sources, self.targets, self.tmp / "dist", lambda _: None)
-
-    def test_results_come_from_a_current_measurement_only(self) -> None:
-        self.default_manifest()
-        derived = stack.derive_stack(self.sources, self.targets)
-        step = derived.steps[0]
-        report = {"format": stack.STACK_REPORT_FORMAT, "torch": "2.13.0", "steps": {"contract": {
-            "digest": step.digest(), "date": "2026-11-30", "tests": [TEST_FILE], "summary": "1 passed", "seconds": 1.5}}}
-        self.assertIn("1 passed (1.5 s wall)", stack.check_stack_result(step, report))
-        self.write_module(NEW_MODULE, "CONTRACT = 1  # changed\n")
-        changed = stack.derive_stack(self.sources, self.targets).steps[0]
-        self.assertIn("Not measured for this content", stack.check_stack_result(changed, report))
+def sized_repo(root: Path, sizes: list[tuple[int, int]], text: str = "Placeholder.") -> Path:
+    """One step per (product lines, test lines), each adding a module and a test file of those sizes."""
+    stack, files = "", {}
+    for i, (product, tests) in enumerate(sizes):
+        module, test = f"torch/distributed/tensor/_m{i}.py", f"test/distributed/tensor/test_{i}.py"
+        files[test] = "x = 1\n" * tests
+        stack += step_toml(f"s{i}", [test] + ([module] if product else []), text=text)
+        if product:
+            files[module] = "y = 2\n" * product
+    return fakes.write_repo(root, {}, files, stack)
 
 
-class CheckStackTest(StackTestCase):
-    def test_each_step_runs_on_a_stock_overlay(self) -> None:
-        self.default_manifest()
-        report = self.repo / "reports" / "stack.json"
-        logs: list[str] = []
-        runs = stack.check_stack(self.sources, self.targets, self.stock, Path(sys.executable), logs.append,
-                                 report_path=report)
-        self.assertEqual([(r.slug, r.ok) for r in runs], [("contract", True), ("prop", True), ("api", True)])
-        self.assertEqual(runs[0].summary, "1 passed")
-        self.assertEqual(runs[2].summary, "import check passed")
-        # the stock tree was only read: its DTensor files are untouched
-        self.assertEqual((self.stock / PROP).read_text(), tb.UPSTREAM[PROP])
-        self.assertFalse((self.stock / NEW_MODULE).exists())
-        recorded = stack.load_stack_report(report)
-        if recorded is None:
-            self.fail(f"no stack report at {report}")
-        self.assertEqual(sorted(recorded["steps"]), ["api", "contract", "prop"])
-        exported = stack.export_stack(self.sources, self.targets, self.tmp / "dist", lambda _: None)
-        self.assertIn("1 passed", exported[0].read_text())
+class ManifestTest(fakes.FakeStockTest):
+    def load(self) -> list[bt.Step]:
+        return bt.load_stack(self.tmp / "tools" / "stack.toml", bt.read_change(self.tmp))
 
-    def test_ci_subset_leaves_the_last_steps_tests_to_make_test(self) -> None:
-        self.write_manifest(
-            step_toml("code", [NEW_MODULE, HELPER, PROP, API]),
-            step_toml("tests", [TEST_FILE]),
-        )
-        logs: list[str] = []
-        runs = stack.check_stack(self.sources, self.targets, self.stock, Path(sys.executable), logs.append,
-                                 skip_final_tests=True)
-        self.assertEqual([r.slug for r in runs], ["code"])
-        self.assertIn("import check passed (its tests are `make test`'s)", logs[-1])
+    def assert_fails(self, message: str) -> None:
+        with self.assertRaisesRegex(bt.BuildError, re.escape(message)):
+            self.load()
 
-    def test_a_step_that_needs_a_later_one_fails(self) -> None:
-        self.write_manifest(
-            step_toml("tests-first", [TEST_FILE, HELPER, PROP]),
-            step_toml("module-later", [NEW_MODULE, API]),
-        )
-        logs: list[str] = []
-        with self.assertRaisesRegex(bt.BuildError, r"failed on their own: tests-first"):
-            stack.check_stack(self.sources, self.targets, self.stock, Path(sys.executable), logs.append)
-        self.assertTrue(any("FAIL 1/2 tests-first" in line for line in logs), logs)
-
-    def test_overlay_links_everything_else(self) -> None:
-        overlay = self.tmp / "overlay"
-        stack.build_overlay(self.stock, overlay)
-        self.assertTrue((overlay / "torch/__init__.py").is_symlink())
-        self.assertFalse((overlay / "torch/distributed").is_symlink())
-        self.assertFalse((overlay / "torch/distributed/tensor").is_symlink())
-        self.assertFalse((overlay / PROP).is_symlink())
-        self.assertTrue((overlay / "torch/distributed/__init__.py").is_symlink())
-
-
-class OverlayVenvTest(StackTestCase):
-    def test_overlay_venv_imports_its_copies_and_verifies_against_record(self) -> None:
-        """A built venv of another release: DTensor from its real copies, the rest
-        of torch linked to the stock venv, RECORD readable, the stock tree untouched."""
-        stock_venv = self.tmp / "stock-venv"
-        stock_site = bt.venv_site_packages(stock_venv)
-        stock_site.parent.mkdir(parents=True)
-        shutil.copytree(self.stock, stock_site, symlinks=True)
-        (stock_site / "torch/testing/_internal/__init__.py").write_text("")
-        built = self.tmp / "built-venv"
-        site = stack.overlay_venv(stock_venv, built)
-        self.assertTrue((site / "torch/__init__.py").is_symlink())
-        self.assertFalse((site / PROP).is_symlink())
-        self.assertEqual(bt.load_record(site).version, bt.TORCH_VERSION)
-        (site / PROP).write_text("# edited in the overlay\n")
-        self.assertEqual((stock_site / PROP).read_text(), tb.UPSTREAM[PROP])
-        proc = subprocess.run(
-            [str(built / "bin" / "python"), "-c", "import torch.distributed.tensor as t; print(t.__file__)"],
-            capture_output=True, text=True, cwd=self.tmp, env={**os.environ, "PYTHONPATH": ""},
-        )
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertTrue(proc.stdout.strip().startswith(str(site)), proc.stdout)
-
-
-def fake_wheel(path: Path, files: dict[str, str], corrupt: str | None = None) -> Path:
-    """A wheel-shaped zip holding ``files`` and a RECORD (``corrupt`` gets a wrong hash)."""
-    rows = []
-    with zipfile.ZipFile(path, "w") as archive:
-        for rel, text in files.items():
-            data = text.encode()
-            archive.writestr(rel, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(b"x" if rel == corrupt else data).digest()).rstrip(b"=")
-            rows.append([rel, f"sha256={digest.decode()}", str(len(data))])
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(rows)
-        archive.writestr("torch-9.9.9.dist-info/RECORD", buf.getvalue())
-    return path
-
-
-class RebaseTest(StackTestCase):
-    VERSION = "9.9.9"
-
-    def setUp(self) -> None:
-        super().setUp()
-        self.cache = self.tmp / "wheels"
-        self.cache.mkdir()
-        tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-        self.wheel = self.cache / f"torch-{self.VERSION}-{tag}-{tag}-linux_x86_64.whl"
-        patcher = mock.patch.dict(os.environ, {"DTENSOR_WHEEL_CACHE": str(self.cache)})
-        patcher.start()
-        self.addCleanup(patcher.stop)
-        self.default_manifest()
-
-    def release(self, prop: str, api: str = tb.UPSTREAM[API], corrupt: str | None = None) -> None:
-        fake_wheel(self.wheel, {PROP: prop, API: api, "torch/distributed/tensor/__init__.py": "",
-                                "torch/distributed/tensor/_ops/__init__.py": "", "torch/other.py": "no"}, corrupt)
-
-    def test_clean_merge_rebases_every_step(self) -> None:
-        newer = "# a header line the release added\n" + tb.UPSTREAM[PROP]
-        self.release(newer)
-        out = self.tmp / "dist"
-        code, stdout, err = self.cli("export", "--out", str(out), "--base", self.VERSION)
-        self.assertEqual(code, 0, err)
-        self.assertEqual((out / f"stack-{self.VERSION}" / "series").read_text().split(),
-                         ["0001-contract.patch", "0002-prop.patch", "0003-api.patch"])
-        text = (out / f"stack-{self.VERSION}" / "0002-prop.patch").read_text()
-        self.assertIn("Rebased onto torch 9.9.9 from the 2.13.0 patches", text)
-        self.assertIn(f"`{PROP}`: three-way merge without conflicts.", text)
-        extracted = self.cache / f"torch-{self.VERSION}-sources"
-        self.assertEqual((extracted / PROP).read_text(), newer)
-        self.assertFalse((extracted / "torch/other.py").exists())  # only the DTensor members
-
-    def test_conflict_fails_then_a_recorded_resolution_is_used_and_checked(self) -> None:
-        self.release(tb.UPSTREAM[PROP].replace("return x + 7\n", "return x + 7  # upstream moved on\n"))
-        missing = r"rebase/9\.9\.9/torch/distributed/tensor/_sharding_prop\.py\.patch is missing"
-        with self.assertRaisesRegex(bt.BuildError, r"1 conflict\(s\)[\s\S]*" + missing):
-            rebase.export_rebased_stack(self.sources, self.targets, self.VERSION, self.tmp / "out", lambda _: None)
-        work = rebase.start_resolution(self.sources, self.targets, self.VERSION, PROP, self.tmp / "work", lambda _: None)
-        self.assertIn("<<<<<<<", work.read_text())
-        resolved = PROP_TWO_HUNKS.replace("return x + 7  # contract A\n", "return x + 7  # upstream moved on; contract A\n")
-        work.write_text(resolved)
-        path = rebase.record_resolution(self.sources, self.targets, self.VERSION, PROP, work, "Both comments kept.", lambda _: None)
-        self.assertTrue(path.read_text().startswith(f"Resolution of {PROP}"))
-        written = rebase.export_rebased_stack(self.sources, self.targets, self.VERSION, self.tmp / "out", lambda _: None)
-        self.assertIn("Both comments kept.", written[1].read_text())
-        # the change's patch moves on: the stored resolution is now stale and says so
-        self.write_patch(PROP, tb.PROP_EDIT_A)
-        with self.assertRaisesRegex(bt.BuildError, r"is stale: it was made from a different ours"):
-            rebase.export_rebased_stack(self.sources, self.targets, self.VERSION, self.tmp / "out", lambda _: None)
-
-    def test_release_already_holding_the_edit_drops_the_file(self) -> None:
-        self.release(tb.UPSTREAM[PROP], api=tb.UPSTREAM[API] + "\n\ndef extra():\n    return 1")
-        written = rebase.export_rebased_stack(self.sources, self.targets, self.VERSION, self.tmp / "out", lambda _: None)
-        self.assertEqual([p.name for p in written], ["0001-contract.patch", "0002-prop.patch"])
-
-    def test_wheel_members_are_verified(self) -> None:
-        self.release(tb.UPSTREAM[PROP], corrupt=PROP)
-        with self.assertRaisesRegex(bt.BuildError, r"does not match the wheel's RECORD"):
-            rebase.release_sources(self.VERSION, lambda _: None)
-
-    def test_imports_of_the_rebased_code_are_checked(self) -> None:
-        tree = {
-            "torch/distributed/tensor/_a.py": b"def present():\n    pass\n",
-            "torch/distributed/tensor/_b.py": b"from torch.distributed.tensor._a import present, gone\n"
-                                              b"def f():\n    from torch.distributed.tensor._c import x\n",
-        }
-        problems = rebase.unresolved_imports(tree, ["torch/distributed/tensor/_b.py"])
-        self.assertEqual(problems, [
-            "torch/distributed/tensor/_b.py:1: torch.distributed.tensor._a has no gone",
-            "torch/distributed/tensor/_b.py:3: module torch.distributed.tensor._c does not exist",
+    def test_steps_hunks_and_tests(self) -> None:
+        two_step_repo(self.tmp)
+        steps = self.load()
+        self.assertEqual([(s.slug, dict(s.hunks), s.new, s.tests) for s in steps], [
+            ("one", {UTILS: frozenset({1})}, (MODULE, TEST_ONE), (TEST_ONE,)),
+            ("two", {UTILS: frozenset({2, 3})}, (TEST_TWO,), (TEST_TWO,)),
         ])
+        self.assertEqual(bt.state_after(steps, 1), ({UTILS: {1}}, [MODULE, TEST_ONE]))
+
+    def test_misplaced_change(self) -> None:
+        cases = [
+            ([f"{UTILS}#1", TEST_ONE], [f"{UTILS}#3", TEST_TWO], f"hunk(s) #2 of {UTILS} are in no step"),
+            ([f"{UTILS}#1-2", TEST_ONE], [f"{UTILS}#2-3", TEST_TWO], f"hunk #2 of {UTILS} is already in step one"),
+            ([UTILS, TEST_ONE], [f"{UTILS}#4", TEST_TWO], "utils.py.patch has 3 hunk(s)"),
+            ([UTILS, TEST_ONE], [TEST_TWO, TEST_ONE], f"{TEST_ONE} is already in step one"),
+            ([UTILS, TEST_ONE], [TEST_TWO, "torch/x.py"], "torch/x.py is neither patched"),
+            ([UTILS, TEST_ONE, f"{TEST_TWO}#1"], [TEST_TWO], "hunks can only be chosen from patches"),
+            ([UTILS, TEST_ONE], [TEST_TWO, f"{UTILS}#2-x"], "bad hunk range '2-x'"),
+        ]
+        for one, two, message in cases:
+            with self.subTest(message):
+                fakes.write_repo(self.tmp, {UTILS: fakes.utils_edit(1, 10, 18)}, {TEST_ONE: "", TEST_TWO: ""},
+                                 step_toml("one", one) + step_toml("two", two))
+                self.assert_fails(message)
+
+    def test_a_new_file_in_no_step(self) -> None:
+        fakes.write_repo(self.tmp, {}, {TEST_ONE: "", MODULE: ""}, step_toml("one", [TEST_ONE]))
+        self.assert_fails(f"{MODULE} is in no step")
+
+    def test_a_step_must_run_a_test_file(self) -> None:
+        stack = step_toml("one", [MODULE]) + step_toml("two", [TEST_ONE])
+        fakes.write_repo(self.tmp, {}, {TEST_ONE: "", MODULE: ""}, stack)
+        self.assert_fails("step 1 (one) has no test file to run")
+
+    def test_run_moves_a_test_file_to_a_later_step(self) -> None:
+        stack = step_toml("one", [TEST_ONE, EXTRA]) + step_toml("two", [TEST_TWO], run=[EXTRA])
+        fakes.write_repo(self.tmp, {}, {TEST_ONE: "", TEST_TWO: "", EXTRA: ""}, stack)
+        self.assertEqual([s.tests for s in self.load()], [(TEST_ONE,), (EXTRA, TEST_TWO)])
+        stack = step_toml("one", [TEST_ONE], run=[TEST_TWO]) + step_toml("two", [TEST_TWO, EXTRA])
+        (self.tmp / "tools" / "stack.toml").write_text(stack)
+        self.assert_fails(f"run entry {TEST_TWO} is only added by step 2")
+
+    def test_bad_step_tables(self) -> None:
+        fakes.write_repo(self.tmp, {}, {TEST_ONE: ""}, step_toml("One", [TEST_ONE]))
+        self.assert_fails("slug must be unique")
+        (self.tmp / "tools" / "stack.toml").write_text(step_toml("one", [TEST_ONE]).replace('what = "Placeholder."', ""))
+        self.assert_fails("`what`, `why` and `test_plan` must be non-empty")
+        (self.tmp / "tools" / "stack.toml").write_text(step_toml("one", [TEST_ONE]) + 'results = "x"\n')
+        self.assert_fails("unknown key(s) results")
 
 
-class RealStackTest(TestCase):
-    """The repo's manifest covers the repo as it is now (read-only)."""
+class ExportTest(fakes.FakeStockTest):
+    def export_fails(self, root: Path) -> str:
+        log = fakes.Log()
+        self.assertEqual(bt.export(root, self.stock, self.tmp / "out", log), 1)
+        self.assertFalse((self.tmp / "out" / "stack").exists())
+        return log.text
 
-    def test_manifest_covers_the_change(self) -> None:
-        root = tb.REPO_ROOT
-        venv, stock = root / ".venv", root / ".venv-stock"
-        if not (stock / "bin" / "python").exists():
-            self.skipTest("no .venv-stock (run `make build`)")
-        sources = bt.Sources(root)
-        targets = [bt.venv_target(venv), bt.Target(bt.venv_site_packages(stock), stock)]
-        derived = stack.derive_stack(sources, targets)
-        self.assertGreater(derived.total, 1)
-        for step in derived.steps:
-            self.assertTrue(step.spec.text["results"].strip())
+    def test_writes_a_series_that_applies(self) -> None:
+        root, out, log = two_step_repo(self.tmp / "repo"), self.tmp / "dist", fakes.Log()
+        self.assertEqual(bt.export(root, self.stock, out, log), 0)
+        names = sorted(p.name for p in (out / "stack").iterdir())
+        self.assertEqual(names, ["0001-one.md", "0001-one.patch", "0002-two.md", "0002-two.patch"])
+        text = (out / "stack" / "0001-one.md").read_text()
+        self.assertTrue(text.startswith("# [DTensor] one\n\n## What\n\nPlaceholder.\n\n## Why\n\nBecause.\n\n## Test plan"))
+        self.assertTrue(text.endswith("## Issues\n\nNone.\n"))
+        self.assertIn("| 2 | [DTensor] two | 9 | 4 | 5 |", (out / "stack.md").read_text())
+        self.assertEqual(log[1].split(), ["1", "one", "9", "2", "7"])
+        self.assertEqual(log[3].split(), ["total", "18", "6", "12"])
+        tree = self.tmp / "tree"
+        (tree / UTILS).parent.mkdir(parents=True)
+        (tree / UTILS).write_text(UTILS_TEXT)
+        for name in ("0001-one.patch", "0002-two.patch"):
+            subprocess.run(["git", "apply", str(out / "stack" / name)], cwd=tree, check=True)
+        self.assertEqual((tree / UTILS).read_text(), fakes.utils_edit(1, 10, 18))
+        self.assertEqual((tree / TEST_TWO).read_text(), TEST_TWO_TEXT)
+
+    def test_fails_on_size_rules(self) -> None:
+        cases = [
+            ([(1, 1)] * 8, "the stack has 8 steps (at most 7)"),
+            ([(1, 1), (100, 301)], "step 2 (s1) changes 401 lines (at most 400 per step)"),
+            ([(151, 1)], "step 1 (s0) has 151 product lines (at most 150 in the first step)"),
+            ([(100, 1), (300, 1), (101, 1)], "the stack has 501 product lines (at most 500)"),
+            ([(0, 400), (0, 400), (0, 400), (0, 301)], "the stack has 1501 test lines (at most 1500)"),
+        ]
+        for i, (sizes, message) in enumerate(cases):
+            with self.subTest(message):
+                self.assertIn(f"export: FAIL: {message}", self.export_fails(sized_repo(self.tmp / str(i), sizes)))
+
+    def test_passes_at_the_limits(self) -> None:
+        sizes = [(150, 100), (200, 200), (150, 250), (0, 400), (0, 400), (0, 150), (0, 0)]
+        log = fakes.Log()
+        self.assertEqual(bt.export(sized_repo(self.tmp / "repo", sizes), self.stock, self.tmp / "out", log), 0, log.text)
+        self.assertEqual(log[-2].split(), ["total", "2000", "500", "1500"])
+
+    def test_fails_on_banned_pr_text(self) -> None:
+        texts = ["After the ReBase.", "As on 2.13.0.", "See /work/main.", "Ran in /tmp/x.", "In /home/me.",
+                 "From /root.", "With .venv-stock.", "Measured 2026-12-01."]
+        for i, text in enumerate(texts):
+            with self.subTest(text):
+                output = self.export_fails(sized_repo(self.tmp / str(i), [(1, 1)], text=text))
+                self.assertIn("export: FAIL: step 1 (s0): its PR text ", output)
+
+    def test_fails_on_a_hunk_in_no_step(self) -> None:
+        root = two_step_repo(self.tmp / "repo")
+        stack = (root / "tools" / "stack.toml").read_text()
+        (root / "tools" / "stack.toml").write_text(stack.replace("#2-3", "#3"))
+        err = io.StringIO()
+        with redirect_stderr(err):
+            code = bt.main(["export", "--repo", str(root), "--stock-venv", str(self.stock), "--out", str(self.tmp / "o")])
+        self.assertEqual(code, 1)
+        self.assertIn(f"hunk(s) #2 of {UTILS} are in no step", err.getvalue())
+
+
+class CheckStackTest(fakes.FakeStockTest):
+    def test_runs_each_step_on_its_own_tree(self) -> None:
+        root, log, log_file = two_step_repo(self.tmp / "repo"), fakes.Log(), self.tmp / "check-stack.log"
+        self.assertEqual(bt.check_stack(root, self.stock, [], 600, log_file, log), 0, log.text)
+        self.assertTrue(log[0].startswith("check-stack: 1/2 one: pass, 1 passed, "), log[0])
+        self.assertTrue(log[1].startswith("check-stack: 2/2 two: pass, 1 passed, "), log[1])
+        ran = [line for line in log_file.read_text().splitlines() if line.startswith("$ pytest")]
+        self.assertEqual(ran, [f"$ pytest {TEST_ONE}", f"$ pytest {TEST_TWO}"])
+        self.assertEqual((bt.site_packages(self.stock) / UTILS).read_text(), UTILS_TEXT)
+
+    def test_fails_a_step_and_can_pick_steps(self) -> None:
+        root = two_step_repo(self.tmp / "repo", two=TEST_TWO_TEXT + "\n\ndef test_bad():\n    assert False\n")
+        log = fakes.Log()
+        self.assertEqual(bt.check_stack(root, self.stock, ["two"], 600, self.tmp / "log", log), 1)
+        self.assertTrue(log[0].startswith("check-stack: 2/2 two: FAIL, 1 failed, 1 passed, "), log[0])
+        self.assertIn("test_bad", log[1])
+        self.assertTrue(log[-1].startswith("check-stack: FAILED: two"))
+        with self.assertRaisesRegex(bt.BuildError, "unknown step"):
+            bt.check_stack(root, self.stock, ["three"], 600, self.tmp / "log", log)
+
+    def test_summarize(self) -> None:
+        self.assertEqual(bt.summarize("x\n=== 3 passed, 1 skipped, 2 warnings in 0.52s ===\n"), "3 passed, 1 skipped")
+        self.assertEqual(bt.summarize("no tests ran in 0.01s\n"), "no tests ran")
+        self.assertEqual(bt.summarize("Traceback\n"), "no pytest summary")
 
 
 if __name__ == "__main__":
-    run_tests()
+    unittest.main()

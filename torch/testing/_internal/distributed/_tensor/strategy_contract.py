@@ -24,12 +24,15 @@ The expected metas come from running the op on fake tensors here, independently
 of DTensor's own shape inference, so the check judges any torch build.
 """
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
     OpSchema,
@@ -38,10 +41,19 @@ from torch.distributed.tensor._op_schema import (
     StrategyType,
     TupleStrategy,
 )
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
+from torch.testing._internal.opinfo.core import OpInfo
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_any, tree_flatten, tree_map
 
 
-__all__ = ["expected_output_metas", "contract_violations"]
+__all__ = [
+    "contract_violations",
+    "dtensor_calls",
+    "expected_output_metas",
+    "query_strategy",
+    "strategy_schema",
+]
 
 # The result of an op as the contract sees it: one meta, a tuple with ``None``
 # where the op returns ``None`` (or a non-tensor), or ``None`` without tensors.
@@ -187,7 +199,7 @@ def contract_violations(
         found: list[str] = []
         for i, child in enumerate(strategy.children):
             element = _element_schema(op_schema, i)
-            if isinstance(expected, tuple):
+            if isinstance(expected, tuple) and not isinstance(expected, TensorMeta):
                 want: Metas = expected[i]
             else:
                 # In-place foreach ops return nothing; each element is self.
@@ -218,3 +230,196 @@ def _strategy_violations(
 def violation_clauses(violations: Sequence[str]) -> set[str]:
     """The clauses (``"C1"`` .. ``"C5"``) that ``violations`` name."""
     return {c for v in violations for c in ("C1", "C2", "C3", "C4", "C5") if f"{c} " in v}
+
+
+def _propagator() -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor._op_dispatcher.sharding_propagator
+
+
+def registry(op: OpOverload) -> str | None:
+    """Which of DTensor's registries answers ``op``: ``"single_dim"``,
+    ``"op_strategy"``, ``"decomposition"``, or ``None``."""
+    from torch.distributed.tensor._decompositions import DecompShardingStrategy
+
+    prop = _propagator()
+    if op in prop.op_single_dim_strategy_funcs:
+        return "single_dim"
+    if op in prop.op_strategy_funcs:
+        return "op_strategy"
+    if DecompShardingStrategy.has_decomp(op):
+        return "decomposition"
+    return None
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[OpOverload, tuple, dict]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        # Metas as they are at the call: later in-place calls may resize.
+        self.calls.append((func, *tree_map(_as_meta, (args, kwargs))))
+        return func(*args, **kwargs)
+
+
+def _as_meta(x: object) -> object:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+def call_key(op: OpOverload, args: tuple, kwargs: dict) -> str:
+    """Tells calls apart by op, input metas and non-tensor arguments."""
+    describe = lambda x: (  # noqa: E731
+        (tuple(x.shape), x.stride(), x.dtype) if isinstance(x, torch.Tensor) else x
+    )
+    return repr((op, tree_map(describe, (args, kwargs))))
+
+
+def dtensor_calls(
+    opinfo: OpInfo, samples: int = 1, seen: set[str] | None = None
+) -> list[tuple[OpOverload, tuple, dict]]:
+    """The aten calls a registry answers among those ``opinfo``'s first
+    ``samples`` CPU float32 samples make, each with at least one tensor input,
+    leaving out (and adding to ``seen``) calls already in ``seen``."""
+    found: list[tuple[OpOverload, tuple, dict]] = []
+    seen = set() if seen is None else seen
+    inputs = opinfo.sample_inputs("cpu", torch.float32, requires_grad=False)
+    for sample in itertools.islice(inputs, samples):
+        recorder = _Recorder()
+        try:
+            with recorder:
+                opinfo.op(sample.input, *sample.args, **sample.kwargs)
+        except Exception:
+            # A sample the op rejects on CPU says nothing about DTensor.
+            continue
+        for call in recorder.calls:
+            key = call_key(*call)
+            if key not in seen and registry(call[0]) is not None and tree_any(
+                lambda x: isinstance(x, torch.Tensor), (call[1], call[2])
+            ):
+                seen.add(key)
+                found.append(call)
+    return found
+
+
+Candidates = Callable[[torch.Tensor, DeviceMesh], list[tuple[Placement, ...]]]
+
+
+def _even_dims(t: torch.Tensor, mesh: DeviceMesh) -> list[int]:
+    return [
+        d for d in range(t.dim()) if t.shape[d] > 0 and t.shape[d] % mesh.size() == 0
+    ]
+
+
+def runtime_candidate(t: torch.Tensor, mesh: DeviceMesh) -> list[tuple[Placement, ...]]:
+    """One candidate, as DTensor's dispatch sees an input: sharded on its
+    first evenly shardable dim on every mesh dim, else replicated."""
+    dims = _even_dims(t, mesh)
+    p: Placement = Shard(dims[0]) if dims else Replicate()
+    return [(p,) * mesh.ndim]
+
+
+def planner_candidates(
+    t: torch.Tensor, mesh: DeviceMesh, cap: int = 6
+) -> list[tuple[Placement, ...]]:
+    """Several candidates, as a planner offers them: ``Replicate`` and every
+    evenly shardable dim on each mesh dim, at most ``cap`` combinations."""
+    options = [Replicate(), *(Shard(d) for d in _even_dims(t, mesh))]
+    return list(itertools.islice(itertools.product(options, repeat=mesh.ndim), cap))
+
+
+def strategy_schema(
+    op: OpOverload,
+    args: tuple,
+    kwargs: dict,
+    mesh: DeviceMesh,
+    candidates: Candidates = runtime_candidate,
+) -> OpSchema:
+    """The schema a strategy function receives for ``op(*args, **kwargs)``:
+    each tensor an ``OpStrategy`` of ``candidates``, each tensor list a
+    ``TupleStrategy``, with the op's registered ``RuntimeSchemaInfo``."""
+    prop = _propagator()
+    if registry(op) == "decomposition":
+        prop.decomp_strategy.ensure_schema_info(op)
+
+    def wrap(x: object) -> object:
+        if isinstance(x, torch.Tensor):
+            meta = TensorMeta(x.shape, x.stride(), x.dtype)
+            return OpStrategy(
+                [OpSpec(DTensorSpec(mesh, c, tensor_meta=meta)) for c in candidates(x, mesh)]
+            )
+        if isinstance(x, (list, tuple)) and x and all(
+            isinstance(e, torch.Tensor) for e in x
+        ):
+            return TupleStrategy([wrap(e) for e in x])
+        if isinstance(x, (list, tuple)):
+            return type(x)(wrap(e) for e in x)
+        return x
+
+    info = prop.op_to_schema_info.get(op) or prop.op_to_schema_info_for_single_dim_strategy.get(op)
+    return OpSchema(
+        op,
+        tuple(wrap(a) for a in args),
+        {k: wrap(v) for k, v in kwargs.items()},
+        schema_info=info,
+    )
+
+
+def _spec_schema(op_schema: OpSchema) -> OpSchema:
+    def spec(x: object) -> object:
+        if isinstance(x, OpStrategy):
+            return x.strategies[0].output_spec
+        if isinstance(x, TupleStrategy):
+            return [spec(c) for c in x.children]
+        if isinstance(x, (list, tuple)):
+            return type(x)(spec(e) for e in x)
+        return x
+
+    return OpSchema(
+        op_schema.op,
+        tuple(spec(a) for a in op_schema.args_schema),
+        {k: spec(v) for k, v in op_schema.kwargs_schema.items()},
+        schema_info=op_schema.schema_info,
+    )
+
+
+def query_strategy(
+    op_schema: OpSchema, mesh: DeviceMesh, runtime: bool
+) -> StrategyType | None:
+    """Ask the registry holding ``op_schema.op`` for its strategy, as DTensor's
+    dispatch does (``runtime``: output metas passed, the decomposition path
+    given specs) or as a planner does (the strategy schema alone). ``None``
+    where the decomposition path declines."""
+    from torch.distributed.tensor._ops.single_dim_strategy import (
+        _expand_single_dim_strategy_to_mesh,
+    )
+
+    op = op_schema.op
+    prop = _propagator()
+    kind = registry(op)
+    runtime_schema = _spec_schema(op_schema) if runtime else None
+    metas = (
+        prop._propagate_tensor_meta_non_cached(runtime_schema)
+        if runtime_schema is not None
+        else None
+    )
+    if kind == "single_dim":
+        expand = _expand_single_dim_strategy_to_mesh(
+            mesh, op_schema, prop.op_single_dim_strategy_funcs[op], metas
+        )
+        return expand(op, op_schema.args_meta, op_schema.kwargs_meta)
+    if kind == "op_strategy":
+        return prop.op_strategy_funcs[op](op_schema)
+    if kind == "decomposition" and runtime_schema is not None:
+        try:
+            return prop.decomp_strategy.propagate_strategy(runtime_schema, metas)
+        except Exception as e:
+            # Dispatch turns any failure of the decomposition path into this.
+            raise NotImplementedError(f"{op} has no sharding strategy") from e
+    if kind == "decomposition":
+        return prop.decomp_strategy.propagate_strategy(op_schema)
+    raise ValueError(f"no DTensor registry answers {op}")
