@@ -1,0 +1,122 @@
+# Owner(s): ["oncall: distributed"]
+"""A planner asks DTensor's registries for strategies with several candidate
+placements per input, without output metas; every registry answers, and its
+answer meets the same contract as a runtime answer."""
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+)
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
+from torch.distributed.tensor.placement_types import Replicate, Shard
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+from torch.testing._internal.distributed._tensor.strategy_contract import (
+    contract_violations,
+    expected_output_metas,
+    opinfo_calls,
+    planner_candidates,
+    query_strategy,
+    registry,
+    strategy_schema,
+    StrategyContractTestCase,
+)
+
+
+aten = torch.ops.aten
+
+
+@instantiate_parametrized_tests
+class TestPlannerQueries(StrategyContractTestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cls.calls = opinfo_calls()
+
+    @parametrize("mesh_name", ["4", "2x2"])
+    def test_every_registry_answers_planners(self, mesh_name: str) -> None:
+        mesh = self.meshes[mesh_name]
+        failures = []
+        for name, op, args, kwargs in self.calls:
+            schema = strategy_schema(op, args, kwargs, mesh, planner_candidates)
+            try:
+                expected = expected_output_metas(schema)
+            except (DynamicOutputShapeException, DataDependentOutputException):
+                continue  # data-dependent sizes: DTensor does not serve these
+            try:
+                strategy = query_strategy(schema, mesh, runtime=False)
+            except Exception as e:
+                failures.append(f"{name} {op}: {type(e).__name__}: {e}")
+                continue
+            if strategy is None:
+                failures.append(f"{name} {op}: {registry(op)} gave no strategy")
+                continue
+            found = contract_violations(schema, strategy, expected)
+            failures += [f"{name}: {v}" for v in found[:1]]
+        self.assertEqual(failures, [])
+
+    def candidates(self, t: torch.Tensor, *placements) -> OpStrategy:
+        mesh = self.meshes["4"]
+        meta = TensorMeta(t.shape, t.stride(), t.dtype)
+        return OpStrategy(
+            [OpSpec(DTensorSpec(mesh, (p,), tensor_meta=meta)) for p in placements]
+        )
+
+    def test_single_dim_rules_offer_sharding_of_replicated_candidates(self) -> None:
+        x, y = torch.randn(8, 4), torch.randn(4, 8)
+        schema = OpSchema(
+            aten.mm.default,
+            (self.candidates(x, Replicate(), Replicate()), self.candidates(y, Replicate())),
+            {},
+        )
+        strategy = query_strategy(schema, self.meshes["4"], runtime=False)
+        outputs = {s.output_spec.placements for s in strategy.strategies}
+        self.assertIn((Shard(0),), outputs)
+        self.assertTrue(all(len(s.redistribute_cost[0]) == 2 for s in strategy.strategies))
+
+    def test_view_redistributes_a_candidate_it_cannot_keep(self) -> None:
+        x = torch.randn(8, 4)
+        runtime = OpSchema(
+            aten.view.default, (self.candidates(x, Shard(1)), [2, 16]), {}
+        )
+        with self.assertRaisesRegex(RuntimeError, "redistribute"):
+            query_strategy(runtime, self.meshes["4"], runtime=False)
+        planner = OpSchema(
+            aten.view.default,
+            (self.candidates(x, Replicate(), Shard(1)), [2, 16]),
+            {},
+        )
+        strategy = query_strategy(planner, self.meshes["4"], runtime=False)
+        costs = [s.redistribute_cost[0][1] for s in strategy.strategies]
+        self.assertTrue(any(c > 0 for c in costs))
+
+    def test_unbind_leaves_out_candidates_sharded_on_the_unbind_dim(self) -> None:
+        x = torch.randn(8, 4)
+        schema = OpSchema(
+            aten.unbind.int, (self.candidates(x, Replicate(), Shard(0), Shard(1)), 0), {}
+        )
+        strategy = query_strategy(schema, self.meshes["4"], runtime=False)
+        inputs = [s.input_specs[0].placements for s in strategy.strategies]
+        self.assertEqual(inputs, [(Replicate(),), (Shard(1),)])
+
+    def test_decomposition_answers_planners(self) -> None:
+        calls = [c for c in self.calls if registry(c[1]) == "decomposition"]
+        if not calls:
+            self.skipTest("no OpInfo call is answered by the decomposition path")
+        _, op, args, kwargs = calls[0]
+        mesh = self.meshes["2x2"]
+        schema = strategy_schema(op, args, kwargs, mesh, planner_candidates)
+        strategy = query_strategy(schema, mesh, runtime=False)
+        self.assertIsNotNone(strategy, op)
+        self.assertEqual(
+            contract_violations(schema, strategy, expected_output_metas(schema)), []
+        )
+
+
+if __name__ == "__main__":
+    run_tests()
