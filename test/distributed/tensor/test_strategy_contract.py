@@ -130,10 +130,16 @@ class TestStrategyContract(StrategyContractTestCase):
             self.assertIsInstance(output.output_spec, DTensorSpec)
 
     def test_metas_follow_every_non_tensor_argument(self) -> None:
-        x = torch.randn(8, 4)
-        for dim in (0, 1):
-            schema = strategy_schema(aten.aminmax.default, (x,), {"dim": dim}, self.meshes["4"])
-            self.assertEqual(infer_output_tensor_meta(schema)[0].shape, x.amax(dim).shape)
+        x, boundaries = torch.randn(8, 4), torch.arange(5.0)
+        for op, args, kwargs in [
+            (aten.aminmax.default, (x,), {"dim": 0}),
+            (aten.aminmax.default, (x,), {"dim": 1}),
+            # Keyword arguments with equal values but different names.
+            (aten.bucketize.Tensor, (x, boundaries), {"right": True}),
+            (aten.bucketize.Tensor, (x, boundaries), {"out_int32": True}),
+        ]:
+            schema = strategy_schema(op, args, kwargs, self.meshes["4"])
+            self.assertEqual(infer_output_tensor_meta(schema), expected_output_metas(schema))
 
     def test_masked_off_outputs_are_none(self) -> None:
         grad, inp, weight = torch.randn(4, 4, 6, 6), torch.randn(4, 3, 8, 8), torch.randn(4, 3, 3, 3)
