@@ -1,2 +1,4 @@
-"""Audit of DTensor sharding strategies against the strategy contract, stock vs built
-(``python -m tools.audit -h``; the report goes to ``reports/audit.md``)."""
+"""Stock-vs-built check of DTensor sharding strategies against the strategy contract.
+
+``python -m tools.audit -h`` for options; the report goes to ``reports/audit.md``.
+"""

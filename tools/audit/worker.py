@@ -1,189 +1,344 @@
-"""One side of the audit: runs inside one venv, writes one JSON.
+"""One interpreter's side of the audit: capture aten calls, ask DTensor, judge, write JSON.
 
-Run from the repository root (the orchestrator does this for you)::
-
-    .venv/bin/python -m tools.audit.worker --role built --out /tmp/built.json --op mm,t
-
-The judging is the contract mode of ``strategy_validation``, with its options and
-defaults, loaded by path where a torch lacks it (stock), so both torches are judged by
-the same code. This adds what comparing two torches needs: DTensor's runtime selection
-per runtime query and, on the built torch, the full-space comparison.
+Runs under the torch being judged (``python -m tools.audit.worker --out F`` from the
+repository root). The judge is the repository's ``strategy_contract.py``, loaded by file
+path, so a stock and a built torch are judged by the same code.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib
+import contextlib
 import importlib.util
-import runpy
+import itertools
+import json
+import re
+import signal
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._decompositions import DecompShardingStrategy
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._ops.single_dim_strategy import _expand_single_dim_strategy_to_mesh, _ShardingPlaceholder
+from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map_only
+
+from tools.audit.report import CATEGORIES, CLAUSES, MESHES, MODES, clauses, refusal_reason
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from types import ModuleType
 
-from tools._modules import load_by_path, write_json_atomically
-
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CHECKER = REPO_ROOT / "torch/distributed/tensor/_ops/strategy_contract.py"
-# The repository's modules the audit runs, by the name torch would import them as.
-MODULES = {
-    "torch.distributed.tensor._ops._op_returns": "torch/distributed/tensor/_ops/_op_returns.py",
-    **{f"torch.testing._internal.distributed._tensor.{m}": f"torch/testing/_internal/distributed/_tensor/{m}.py"
-       for m in ("contract_candidates", "contract_sweep", "contract_capture")},
-    **{f"torch.distributed.tensor._ops.{m}": f"torch/distributed/tensor/_ops/{m}.py"
-       for m in ("_contract_validation", "_contract_mode")},
-}
-# Failing ops the per-op text of the report shows (the JSON counts them all).
-REPORT_OPS = 15
+CHECKER = Path(__file__).resolve().parents[2] / "torch/testing/_internal/distributed/_tensor/strategy_contract.py"
+PLANNER_CANDIDATES = 6  # per input: enough to mix Replicate and Shard on every mesh dim, cheap to expand
+QUERY_TIMEOUT_S = 60
+MESSAGE_CHARS = 300
+Call = tuple[Any, tuple, dict]  # (op, args, kwargs) with tensors as TensorMeta
 
 
-def load_validation() -> Any:
-    """``_contract_validation`` as the torch holds it, else the repository's copy (stock)."""
-    for name, rel in MODULES.items():
-        if name not in sys.modules and importlib.util.find_spec(name) is None:
-            load_by_path(name, REPO_ROOT / rel)
-    return importlib.import_module("torch.distributed.tensor._ops._contract_validation")
+def load_checker() -> ModuleType:
+    """The contract checker by file path: the stock torch does not ship it."""
+    spec = importlib.util.spec_from_file_location("_audit_strategy_contract", CHECKER)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the contract checker from {CHECKER}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def load_mode() -> Any:
-    """``_contract_mode`` (options, op selection, capture and report), loaded as above."""
-    load_validation()
-    return importlib.import_module("torch.distributed.tensor._ops._contract_mode")
+def propagator() -> Any:
+    return DTensor._op_dispatcher.sharding_propagator
 
 
-def load_checker() -> Any:
-    """The repository's strategy_contract.py, loaded by path so both torches are judged by one file."""
-    load_validation()  # the modules it imports, where this torch lacks them
-    return load_by_path("_audit_strategy_contract", CHECKER)
+def registry(op: Any) -> str | None:
+    """Which registry DTensor's dispatch asks for ``op``, in dispatch's order."""
+    if op in propagator().op_single_dim_strategy_funcs:
+        return "single_dim"
+    if op in propagator().op_strategy_funcs:
+        return "op_strategy"
+    return "decomposition" if DecompShardingStrategy.has_decomp(op) else None
 
 
-def query_id(call: Any) -> str:
-    """A short id of a captured call, the same in every process and venv."""
-    return hashlib.sha1(str(call).encode(), usedforsecurity=False).hexdigest()[:12]
+class _Recorder(TorchDispatchMode):
+    """Records each aten call, tensors as metas taken at call time (in-place writes come later)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[Call] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.calls.append((func, _metas(args), _metas(kwargs or {})))
+        return func(*args, **(kwargs or {}))
 
 
-def selection(cv: Any, runtime: Any, timeout: float | None) -> dict[str, Any]:
-    """What DTensor's dispatch selects for a runtime schema, as plain data both torches compare on."""
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+def _metas(x: Any) -> Any:
+    return tree_map_only(torch.Tensor, lambda t: TensorMeta(t.shape, t.stride(), t.dtype), x)
 
-    def plc(x: Any) -> Any:
-        if isinstance(x, DTensorSpec):
-            return str(tuple(x.placements))
-        if isinstance(x, (list, tuple)):
-            return [plc(e) for e in x]
-        return None if x is None else type(x).__name__
 
+def _has_meta(x: Any) -> bool:
+    is_meta = lambda v: isinstance(v, TensorMeta)  # noqa: E731  (a NamedTuple: a leaf, not a tuple)
+    return any(is_meta(v) for v in tree_flatten(x, is_leaf=is_meta)[0])
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, TensorMeta):
+        return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+    if isinstance(x, (list, tuple)):
+        inner = ", ".join(_describe(e) for e in x)
+        return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(x))
+
+
+def describe_call(op: Any, args: tuple, kwargs: dict) -> str:
+    """The call as short, address-free text: the dedup key and the report's example."""
+    parts = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+    return f"{op}({', '.join(parts)})"
+
+
+def capture(names: set[str] | None, samples: int) -> tuple[list[Call], dict[str, int]]:
+    """Distinct aten calls of the OpInfo samples that DTensor serves, in capture order."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    seen: set[str] = set()
+    calls: list[Call] = []
+    stats = {"opinfos": 0, "samples": 0, "calls": 0, "served": 0}
+    for opinfo in op_db:
+        full = f"{opinfo.name}.{opinfo.variant_test_name}".rstrip(".")
+        if (names is not None and not names & {opinfo.name, full}) or not opinfo.supports_dtype(torch.float32, "cpu"):
+            continue
+        stats["opinfos"] += 1
+        torch.manual_seed(0)  # the same sample shapes and values in every run
+        try:
+            inputs = list(itertools.islice(opinfo.sample_inputs("cpu", torch.float32), samples))
+        except Exception:
+            continue
+        for sample in inputs:
+            recorder = _Recorder()
+            with contextlib.suppress(Exception), recorder:  # calls made before a failure still count
+                opinfo.op(sample.input, *sample.args, **sample.kwargs)
+            stats["samples"] += 1
+            stats["calls"] += len(recorder.calls)
+            for op, args, kwargs in recorder.calls:
+                key = describe_call(op, args, kwargs)
+                if key not in seen and _has_meta((args, kwargs)) and registry(op) is not None:
+                    seen.add(key)
+                    calls.append((op, args, kwargs))
+    stats["served"] = len(calls)
+    if names is not None and stats["opinfos"] == 0:
+        raise SystemExit(f"--ops {','.join(sorted(names))}: no OpInfo of that name supports float32 on CPU")
+    return calls, stats
+
+
+class NoStrategy(Exception):
+    """Nothing to judge: the registry declined, or the mode does not apply to the call."""
+
+    def __init__(self, category: str, reason: str) -> None:
+        super().__init__(reason)
+        self.category = category
+
+
+def _expire(signum: int, frame: Any) -> None:
+    raise TimeoutError(f"no answer within {QUERY_TIMEOUT_S}s")
+
+
+def placements(meta: TensorMeta, mesh: DeviceMesh, mode: str) -> list[tuple[Placement, ...]]:
+    """An input's candidates: one sharded placement at runtime, a few mixes for a planner or a rule author."""
+    ndim = len(meta.shape)
+    if mode == "runtime":
+        return [tuple(Shard(min(i, ndim - 1)) if ndim else Replicate() for i in range(mesh.ndim))]
+    options = [Replicate(), *(Shard(d) for d in range(ndim))]
+    return list(itertools.islice(itertools.product(options, repeat=mesh.ndim), PLANNER_CANDIDATES))
+
+
+def strategy_schema(call: Call, mesh: DeviceMesh, mode: str) -> OpSchema:
+    """The OpStrategy schema DTensor builds for the call; a tensor list becomes a TupleStrategy."""
+
+    def wrap(x: Any) -> Any:
+        if isinstance(x, TensorMeta):
+            return OpStrategy([OpSpec(DTensorSpec(mesh, p, tensor_meta=x)) for p in placements(x, mesh, mode)])
+        if isinstance(x, (list, tuple)) and x and all(isinstance(e, TensorMeta) for e in x):
+            children = [wrap(e) for e in x]
+            return TupleStrategy(tuple(children) if isinstance(x, tuple) else children)
+        return [wrap(e) for e in x] if isinstance(x, (list, tuple)) and _has_meta(x) else x
+
+    op, args, kwargs = call
+    prop = propagator()
+    if registry(op) == "decomposition":
+        prop.decomp_strategy.ensure_schema_info(op)
+    info = prop.op_to_schema_info.get(op) or prop.op_to_schema_info_for_single_dim_strategy.get(op)
+    return OpSchema(op, tuple(wrap(a) for a in args), {k: wrap(v) for k, v in kwargs.items()}, schema_info=info)
+
+
+def spec_schema(schema: OpSchema) -> OpSchema:
+    """The DTensorSpec schema dispatch starts from: each input's first candidate."""
+
+    def first(x: Any) -> Any:
+        if isinstance(x, OpStrategy):
+            return x.strategies[0].output_spec
+        if isinstance(x, TupleStrategy):
+            return [first(c) for c in x.children]
+        return [first(e) for e in x] if isinstance(x, list) else x
+
+    args = tuple(first(a) for a in schema.args_schema)
+    return OpSchema(schema.op, args, {k: first(v) for k, v in schema.kwargs_schema.items()},
+                    schema_info=schema.schema_info)
+
+
+def utility_rules(schema: OpSchema, info: Any) -> tuple[list[list[Placement | None]], int]:
+    """The op's single-dim rules as a rule author resolves them, and how many outputs lead each."""
+    op = schema.op
+    n_inputs = len(schema.args_strategy) + len(schema.kwargs_strategy)
+    rules = info.func(op, schema.args_meta, schema.kwargs_meta)
+    n_outputs = len(rules[0]) - n_inputs if rules else sum("Tensor" in str(r.type) for r in op._schema.returns)
+    resolved = [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule] for rule in rules]
+    if not any(all(p is None or isinstance(p, Replicate) for p in rule) for rule in resolved):
+        resolved.insert(0, [Replicate()] * (n_outputs + n_inputs))
+    return resolved, n_outputs
+
+
+def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
+    """Ask the op's registry as ``mode`` asks it; NoStrategy when there is nothing to judge."""
+    op, prop, where = schema.op, propagator(), registry(schema.op)
+    info = prop.op_single_dim_strategy_funcs.get(op)
+    if mode == "utility":
+        if info is None:
+            raise NoStrategy("no_strategy", f"no single-dim rule to expand: the {where} registry holds the op")
+        if any(isinstance(x, TupleStrategy) or (isinstance(x, list) and any(isinstance(e, OpStrategy) for e in x))
+               for x in (*schema.args_schema, *schema.kwargs_schema.values())):
+            raise NoStrategy("tensor_list", "a tensor-list argument, which the utility does not expand")
+        rules, n_outputs = utility_rules(schema, info)
+        inplace = op.name().split("::")[-1].split(".")[0].endswith("_")
+        return expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=n_outputs, inplace_op=inplace,
+                                               allow_uneven_sharding=info.allow_uneven_sharding)
+    runtime = spec_schema(schema) if mode == "runtime" else None
+    metas = prop._propagate_tensor_meta_non_cached(runtime) if runtime is not None else None
+    if info is not None:
+        return _expand_single_dim_strategy_to_mesh(mesh, schema, info, metas)(op, schema.args_meta,
+                                                                              schema.kwargs_meta)
+    if where == "op_strategy":
+        return prop.op_strategy_funcs[op](schema)
+    if runtime is None:
+        answer = prop.decomp_strategy.propagate_strategy(schema)
+    else:
+        try:
+            answer = prop.decomp_strategy.propagate_strategy(runtime, metas)
+        except Exception as e:  # dispatch turns this into "no sharding strategy registered"
+            if isinstance(e, TimeoutError):
+                raise
+            raise NoStrategy("no_strategy", f"the decomposition raised, which dispatch reports as no "
+                             f"strategy: {message(e)}") from e
+    if answer is None:
+        raise NoStrategy("no_strategy", "the decomposition registry answered None")
+    return answer
+
+
+def message(exc: BaseException) -> str:
+    """``Type: message`` without addresses or absolute paths; a terse one says where it was raised."""
+    text = " ".join(str(exc).split())
+    tb = exc.__traceback__
+    if len(text) < 20 and tb is not None:
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        path = tb.tb_frame.f_code.co_filename
+        path = path.split("site-packages/", 1)[1] if "site-packages/" in path else Path(path).name
+        text = f"{text} (raised at {path}:{tb.tb_lineno})".strip()
+    text = re.sub(r"/\S*/site-packages/", "", re.sub(r"0x[0-9a-f]{6,}", "0x..", f"{type(exc).__name__}: {text}"))
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
+
+
+def judge(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str,
+          expected: list[Any]) -> tuple[str, str, set[str]]:
+    """(category, example text, clauses broken) of one query; ``expected`` keeps the call's result metas."""
+    signal.alarm(QUERY_TIMEOUT_S)  # one stuck strategy must not stall the whole audit
     try:
-        with cv.time_limit(timeout):
-            out = cv.sweep.runtime_selection(runtime)
-    except (Exception, cv.QueryTimeout) as e:
-        kind, message = cv._short(e)
-        return {"error": f"{kind}: {message}"}
-    rec = {"output": plc(out.output_spec), "needs_redistribute": bool(out.needs_redistribute)}
-    if out.redistribute_schema is not None:
-        rec["redistribute"] = [str(tuple(s.placements)) for s in out.redistribute_schema.args_spec]
-    return rec
+        schema = strategy_schema(call, mesh, mode)
+        answer = query(schema, mesh, mode)
+    except NoStrategy as e:
+        return e.category, str(e), set()
+    except Exception as e:
+        chain: list[BaseException] = []
+        cur: BaseException | None = e
+        while cur is not None and cur not in chain:
+            chain.append(cur)
+            cur = cur.__cause__ or cur.__context__
+        reason = refusal_reason([type(c).__name__ for c in chain], " | ".join(map(str, chain)))
+        # a planner query never refuses: candidates a strategy cannot serve drop out of its answer
+        return ("refused" if reason and mode == "runtime" else "error"), message(e), set()
+    finally:
+        signal.alarm(0)
+    if not expected:
+        try:
+            expected.append(("ok", checker.expected_output_metas(strategy_schema(call, mesh, "runtime"))))
+        except Exception as e:
+            expected.append(("unjudged", f"no result meta from input metas alone: {message(e)}"))
+    kind, metas = expected[0]
+    if kind != "ok":
+        return kind, metas, set()
+    found = checker.contract_violations(schema, answer, metas)
+    if not found:
+        return "ok", "", set()
+    more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+    return "violation", " ".join(found[0].split()) + more, clauses(found)
 
 
-def selection_recorder(cv: Any, selections: dict[str, dict], timeout: float | None) -> Callable[[Any, Any], None]:
-    """A contract-mode ``after_runtime`` hook recording DTensor's selection per runtime query."""
-
-    def record(query: Any, answer: Any) -> None:
-        mesh = "x".join(map(str, query.mesh.shape))
-        if isinstance(answer.error, cv.QueryTimeout):
-            sel = {"error": "QueryTimeout: not selected, the strategy query timed out"}
-        else:
-            sel = selection(cv, query.runtime, timeout)
-        selections[f"{query_id(query.call)}|{mesh}|{query.label}"] = {"op": str(query.call.op), **sel}
-
-    return record
-
-
-def results_json(cv: Any, validation: Any) -> list[dict[str, Any]]:
-    """Per (mode, mesh): the contract mode's totals, per registry, and the details per op."""
-    out = []
-    for (mode, mesh), per_op in validation.results.items():
-        ops = sorted(per_op.values(), key=lambda c: c.op)
-        rec: dict[str, Any] = {"mode": mode, "mesh": mesh, **cv.totals(ops)}
-        rec["by_registry"] = {r: cv.totals(c for c in ops if c.registry == r) for r in sorted({c.registry for c in ops})}
-        for name, attr in (("error_details", "errors"), ("refusal_details", "refusals")):
-            rec[name] = sorted((e for c in ops for e in getattr(c, attr).values()),
-                               key=lambda d: (d["op"], d["type"], d["message"]))
-        rec["violating_ops"] = [{"op": c.op, "registry": c.registry, "specs_by_clause": dict(sorted(c.clauses.items())),
-                                 "examples": c.examples} for c in ops if c.clauses]
-        out.append(rec)
-    return out
+def run(calls: list[Call], modes: list[str], meshes: dict[str, DeviceMesh]) -> list[dict]:
+    """Per (mode, mesh): counts per category and clause, and each op's first example per category."""
+    checker = load_checker()
+    counts = {k: dict.fromkeys((*CATEGORIES, *CLAUSES), 0) for k in itertools.product(modes, meshes)}
+    examples: dict[tuple, dict[str, dict[str, dict[str, str]]]] = {k: {c: {} for c in CATEGORIES[1:]} for k in counts}
+    ops: dict[tuple, set[str]] = {k: set() for k in counts}
+    started = time.monotonic()
+    for i, call in enumerate(calls):
+        if i % 200 == 0:
+            print(f"[worker] call {i}/{len(calls)} at {time.monotonic() - started:.0f}s", flush=True)
+        expected: list[Any] = []
+        for key in counts:
+            category, text, broken = judge(checker, call, meshes[key[1]], key[0], expected)
+            counts[key][category] += 1
+            ops[key].add(str(call[0]))
+            for clause in broken:
+                counts[key][clause] += 1
+            if category != "ok":
+                where = describe_call(*call)
+                where = where if len(where) <= 160 else where[:157] + "..."
+                examples[key][category].setdefault(str(call[0]), {"call": where, "message": text})
+    return [{"mode": mode, "mesh": mesh,
+             "counts": {"ops": len(ops[(mode, mesh)]), "queries": len(calls), **counts[(mode, mesh)]},
+             "examples": {c: dict(sorted(ex.items())) for c, ex in examples[(mode, mesh)].items()}}
+            for mode, mesh in counts]
 
 
 def main(argv: list[str] | None = None) -> int:
-    warnings.filterwarnings("ignore")
-    t_start = time.monotonic()
-    cv, contract_mode = load_validation(), load_mode()
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    contract_mode.add_arguments(ap)
-    ap.add_argument("--op", "--ops", dest="op", default=None, help="as strategy_validation's --op")
-    ap.add_argument("--max-samples", type=int, default=None, help="samples per OpInfo and dtype (default 3)")
-    ap.add_argument("--role", default="torch", help="stock or built: in progress lines and the JSON")
     ap.add_argument("--out", required=True, help="JSON file to write")
-    ap.add_argument("--preload", default=None, help="python file to run after setup, before querying")
-    ap.add_argument("--full-space", default="", help="full_space.py candidate modes, comma-separated")
-    ap.set_defaults(all_registered=False)
+    ap.add_argument("--ops", default=None, help="OpInfo names, comma-separated (unset: all)")
+    ap.add_argument("--modes", default=",".join(MODES), help="query modes, comma-separated")
+    ap.add_argument("--meshes", default=",".join(MESHES), help="mesh shapes, comma-separated")
+    ap.add_argument("--samples", type=int, default=6, help="samples per OpInfo")
     args = ap.parse_args(argv)
-    checker = load_checker()
-
-    import torch
-    import torch.distributed as dist
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGALRM, _expire)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    torch.set_num_threads(1)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-    if args.preload:
-        # once DTensor is set up, before anything is queried (tests plant a bad strategy)
-        runpy.run_path(args.preload, run_name="__audit_preload__")
-    selections: dict[str, dict] = {}
-    shown = [""]
-
-    def progress(phase: str, n: int, total: int) -> None:
-        step = f"{phase} {10 * n // max(total, 1)}"
-        if step != shown[0]:
-            shown[0] = step
-            print(f"[audit {args.role}] {phase} {n}/{total}", file=sys.stderr, flush=True)
-
-    t_setup = time.monotonic()
-    validation, _, counts = contract_mode.validate(
-        args, checker.check_strategy_contract, checker.infer_output_metas,
-        selection_recorder(cv, selections, args.query_timeout), progress)
-    t_query = time.monotonic()
-    doc: dict[str, Any] = {
-        "torch": args.role, "torch_version": torch.__version__, "python": sys.executable,
-        "config": {"ops": args.op, "meshes": args.meshes, "modes": args.modes, "dtypes": args.dtypes,
-                   "max_samples": args.max_samples or 3, "max_calls_per_op": args.calls_per_op,
-                   "max_candidates": args.candidates, "foreach_tensors": args.foreach_tensors,
-                   "query_timeout": args.query_timeout, "preload": args.preload},
-        "capture": {**counts, "calls_queried": sum(len(v) for v in validation.calls.values())},
-        "results": results_json(cv, validation),
-        # the contract mode's own text: its ops that break the contract or raise, and its summary
-        "report": contract_mode.format_ops(validation, only_failed=True, limit=REPORT_OPS),
-        "summary": contract_mode.format_summary(validation, per_op_table=False),
-        "refusal_reasons": {**cv.sweep.RUNTIME_REFUSALS,
-                            **{t.__name__: r for t, r in cv.sweep.RUNTIME_REFUSAL_TYPES.items()}},
-        "selections": selections,
-    }
-    if args.full_space:
-        from tools.audit import full_space
-
-        doc["full_space"] = full_space.audit(validation.calls, validation.meshes.items(), args.candidates,
-                                             [m for m in args.full_space.split(",") if m])
-    doc["timing"] = {"startup_s": round(t_setup - t_start, 1), "query_s": round(t_query - t_setup, 1),
-                     "total_s": round(time.monotonic() - t_start, 1)}
-    write_json_atomically(Path(args.out), doc)
-    print(f"[audit {args.role}] done in {doc['timing']['total_s']}s -> {args.out}", file=sys.stderr, flush=True)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    meshes = {n: DeviceMesh("cpu", torch.arange(4).reshape([int(s) for s in n.split("x")]))
+              for n in args.meshes.split(",")}
+    started = time.monotonic()
+    calls, stats = capture({n.strip() for n in (args.ops or "").split(",") if n.strip()} or None, args.samples)
+    print(f"[worker] captured {stats} in {time.monotonic() - started:.0f}s", flush=True)
+    doc = {"torch": torch.__version__, "capture": stats, "results": run(calls, args.modes.split(","), meshes)}
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"[worker] done in {time.monotonic() - started:.0f}s", flush=True)
     dist.destroy_process_group()
     return 0
 

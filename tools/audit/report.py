@@ -1,0 +1,212 @@
+"""The audit's pure parts: refusal classification, merging both sides, ``--strict``, the markdown.
+
+Standard library only: the parent process and the tests use it under any python.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+ROLES = ("stock", "built")
+MODES = ("runtime", "planner", "utility")
+MESHES = ("4", "2x2")  # device meshes over a fake world of 4 ranks
+CLAUSES = ("C1", "C2", "C3", "C4", "C5")
+# Every query lands in exactly one category.
+CATEGORIES = ("ok", "violation", "error", "refused", "no_strategy", "tensor_list", "unjudged")
+LABELS = {"no_strategy": "no strategy", "tensor_list": "tensor-list call"}
+
+# Fragments of the messages by which DTensor refuses a runtime placement on purpose:
+# the input would have to move, and a view or an in-place write cannot move it.
+REFUSAL_MESSAGES = (
+    "requires redistribution",
+    "cannot be performed without redistribution",
+    "placement changes are not supported",
+    "flatten unevenly sharded tensor",  # flatten and unflatten views
+)
+# Exception types that refuse whatever the message: an op DTensor does not do for that
+# input, or a result whose size depends on the data, which eager DTensor must know first.
+REFUSAL_TYPES = ("NotImplementedError", "DynamicOutputShapeException", "DataDependentOutputException")
+
+LEGEND = {
+    "ops": "distinct aten ops queried",
+    "queries": "strategy queries: one per captured call (op + input shapes/dtypes + other args)",
+    "ok": "answered, and every OpSpec meets C1-C5",
+    "violation": "answered with at least one OpSpec breaking the contract",
+    "C1-C5": "queries whose violations name that clause (a query can name several)",
+    "error": "the registry raised; a planner or utility query never counts as refused: a planner "
+    "drops the candidates it cannot serve instead of raising",
+    "refused": "runtime query raised a deliberate refusal (placement needs redistribution, "
+    "NotImplementedError, data-dependent result): a right answer, not an error",
+    "no strategy": "nothing to judge: the decomposition registry answered None (or, at runtime, raised, "
+    "which dispatch reports as no strategy), or (utility) the op has no single-dim rule: another registry "
+    "holds it",
+    "tensor-list call": "utility mode only: a foreach/cat-style call with a tensor-list argument, "
+    "which the utility does not expand",
+    "unjudged": "answered, but the op's result meta cannot be computed from input metas "
+    "(data-dependent shape), so the answer is not judged",
+}
+
+
+def refusal_reason(type_names: list[str], message: str) -> str | None:
+    """Why an exception (its chain's type names, their messages joined) is a refusal, or None."""
+    for name in type_names:
+        if name in REFUSAL_TYPES:
+            return name
+    for fragment in REFUSAL_MESSAGES:
+        if fragment.lower() in message.lower():
+            return fragment
+    return None
+
+
+def clauses(violations: list[str]) -> set[str]:
+    """The clauses (C1-C5) a query's violations name, each message naming its clause first."""
+    return {m.group(0) for m in (re.search(r"\bC[1-5]\b", v) for v in violations) if m}
+
+
+def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
+    """Both workers' documents as one report: per (mode, mesh), stock's and built's results side by side."""
+    for role in ROLES:
+        if role not in docs:
+            raise ValueError(f"the {role} worker's results are missing")
+    keyed = {(role, r["mode"], r["mesh"]): r for role in ROLES for r in docs[role]["results"]}
+    pairs = list(dict.fromkeys((r["mode"], r["mesh"]) for r in docs["stock"]["results"]))
+    results = []
+    for mode, mesh in pairs:
+        entry: dict[str, Any] = {"mode": mode, "mesh": mesh}
+        for role in ROLES:
+            rec = keyed.get((role, mode, mesh))
+            if rec is None:
+                raise ValueError(f"the {role} worker has no results for mode {mode} on mesh {mesh}")
+            entry[role] = {"counts": rec["counts"], "examples": rec["examples"]}
+        results.append(entry)
+    report = {
+        "config": config,
+        "torch": {role: docs[role]["torch"] for role in ROLES},
+        "capture": {role: docs[role]["capture"] for role in ROLES},
+        "results": results,
+    }
+    report["strict_failures"] = strict_failures(report)
+    return report
+
+
+def strict_failures(report: dict[str, Any]) -> list[str]:
+    """Why the built torch fails ``--strict``: any violation, error, or planner query without a strategy."""
+    reasons = []
+    for r in report["results"]:
+        c = r["built"]["counts"]
+        bad = [f"{c['violation']} with violations"] if c["violation"] else []
+        bad += [f"{c['error']} errors"] if c["error"] else []
+        if r["mode"] == "planner" and c["no_strategy"]:
+            bad.append(f"{c['no_strategy']} without a strategy")
+        if bad:
+            reasons.append(f"built {r['mode']} mesh {r['mesh']}: {', '.join(bad)} of {c['queries']} queries")
+    return reasons
+
+
+def by_op(report: dict[str, Any], role: str, categories: tuple[str, ...], modes: tuple[str, ...] = MODES,
+          new_only: bool = False) -> dict[str, dict]:
+    """Per op: where (mode mesh) one of ``categories`` occurred for ``role``, and the first example.
+
+    ``new_only`` keeps only what built breaks or raises where stock, asked the same, does neither.
+    """
+    ops: dict[str, dict] = {}
+    for r in (r for r in report["results"] if r["mode"] in modes):
+        stock = set().union(*(r["stock"]["examples"].get(c, {}) for c in ("violation", "error")))
+        for category in categories:
+            for op, example in r[role]["examples"].get(category, {}).items():
+                if not (new_only and op in stock):
+                    ops.setdefault(op, {"where": [], **example})["where"].append(f"{r['mode']} {r['mesh']}")
+    return dict(sorted(ops.items()))
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table padded to line up in a terminal too."""
+    cells = [headers, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    """One row per count, a stock and a built column per mode and mesh."""
+    headers = ["count"] + [f"{r['mode']} {r['mesh']} {role}" for r in report["results"] for role in ROLES]
+    keys = ["ops", "queries", *CATEGORIES[:2], *CLAUSES, *CATEGORIES[2:]]
+    rows = [[LABELS.get(k, k)] + [r[role]["counts"][k] for r in report["results"] for role in ROLES] for k in keys]
+    return table(headers, rows)
+
+
+def _code(text: str) -> str:
+    return "`" + text.replace("|", "\\|").replace("`", "'") + "`"
+
+
+def _names(ops: list[str]) -> str:
+    return ", ".join(op.removeprefix("aten.") for op in ops)
+
+
+def op_table(ops: dict[str, dict]) -> str:
+    """One row per op: where it happened, and its first call with the message."""
+    rows = [[op, ", ".join(e["where"]), _code(e["call"]), _code(e["message"])] for op, e in ops.items()]
+    return table(["op", "where", "first call", "message"], rows) if rows else "none"
+
+
+def reason_table(ops: dict[str, dict]) -> str:
+    """One row per message, with the ops that got it: for answers that repeat one reason."""
+    grouped: dict[str, list[str]] = {}
+    for op, e in ops.items():
+        grouped.setdefault(e["message"], []).append(op)
+    rows = [[_code(message), len(names), _names(names)] for message, names in sorted(grouped.items())]
+    return table(["why", "ops", "which"], rows) if rows else "none"
+
+
+def render(report: dict[str, Any]) -> str:
+    """The markdown report, generated from the JSON alone."""
+    cfg, cap = report["config"], report["capture"]
+    out = [
+        "# DTensor strategy contract audit (`python -m tools.audit`)",
+        "",
+        f"Every OpInfo of `op_db`{' named in ' + repr(cfg['ops']) if cfg.get('ops') else ''} on CPU in float32, "
+        f"its first {cfg['samples']} samples; each distinct aten call they make that DTensor serves is asked for "
+        f"a strategy on meshes {', '.join(cfg['meshes'])} in modes {', '.join(cfg['modes'])}, and each answer "
+        "is judged against contract C1-C5 (`strategy_contract.py`).",
+        "",
+        *[f"- {role} (torch {report['torch'][role]}): {cap[role]['opinfos']} OpInfos, {cap[role]['samples']} "
+          f"samples, {cap[role]['calls']} aten calls, {cap[role]['served']} distinct calls DTensor serves"
+          for role in ROLES],
+        "",
+        "Modes: `runtime` asks each registry as DTensor's dispatch does (one sharded candidate per input, "
+        "output metas given); `planner` asks with several candidates per input and no output metas; "
+        "`utility` expands an op's single-dim rule with `expand_to_full_mesh_op_strategy` as a rule "
+        "author does (placeholders as `Shard`, the all-`Replicate` rule added), without output metas.",
+        "",
+        "## Summary, stock vs built",
+        "",
+        summary_table(report),
+        "",
+        "- columns: one per mode, mesh and torch, stock (unmodified) beside built (with the change)",
+        *[f"- `{k}`: {v}" for k, v in LEGEND.items()],
+        "",
+        "## Strict (built: no violation, no error, a strategy for every planner query)",
+        "",
+        "FAIL: " + "; ".join(report["strict_failures"]) if report["strict_failures"] else "PASS",
+    ]
+    sections = [
+        ("Built worse than stock (violation or error where stock has neither)", ("violation", "error"), MODES, True),
+        ("Built: ops with violations", ("violation",), MODES, False),
+        ("Built: ops whose query raised", ("error",), MODES, False),
+        ("Built: planner queries without a strategy", ("no_strategy",), ("planner",), False),
+        ("Built: unjudged answers", ("unjudged",), MODES, False),
+    ]
+    for title, categories, modes, new_only in sections:
+        out += ["", f"## {title}", "", op_table(by_op(report, "built", categories, modes, new_only))]
+    for title, category, modes in (("Built: runtime refusals", "refused", ("runtime",)),
+                                   ("Built: runtime queries without a strategy", "no_strategy", ("runtime",)),
+                                   ("Built: utility queries without a strategy", "no_strategy", ("utility",)),
+                                   ("Built: tensor-list calls (utility)", "tensor_list", ("utility",))):
+        out += ["", f"## {title}", "", reason_table(by_op(report, "built", (category,), modes))]
+    out += ["", "## Stock, by op (first examples in audit.json)", ""]
+    for category in ("violation", "error", "refused", "no_strategy"):
+        ops = by_op(report, "stock", (category,))
+        out.append(f"- {LABELS.get(category, category)} ({len(ops)} ops): {_names(list(ops)) or 'none'}")
+    return "\n".join(out) + "\n"
