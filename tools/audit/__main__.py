@@ -107,7 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     report = merge(run_workers(args), config)
     out_dir = Path(args.out_dir) if Path(args.out_dir).is_absolute() else REPO_ROOT / args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "audit.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    # The tracked JSON holds the counts; the per-op examples are in audit.md and .build.
+    counts = {**report, "results": [
+        {k: {"counts": v["counts"]} if k in ("stock", "built") else v for k, v in r.items()}
+        for r in report["results"]
+    ]}
+    (BUILD_DIR / "audit-full.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    (out_dir / "audit.json").write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
     (out_dir / "audit.md").write_text(render(report))
     print(summary_table(report))
     failures = report["strict_failures"]
