@@ -7,6 +7,7 @@
 #   make lint         ruff, flake8 and mypy on what the change adds (linters in .venv-lint)
 #   make audit        tools.audit, stock vs built (STRICT=1, OPS=...)
 #   make bench        tools.bench, stock vs built (STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
+#   make results      the README's Results section from reports/*.json (tools/results.py)
 #   make clean        remove the venvs, .build and dist
 
 PYTHON ?= python3.11
@@ -18,7 +19,7 @@ PIP_ARGS ?=
 BUILD_TOOL = $(PYTHON) tools/build.py
 VENV_ARGS = --venv $(VENV) --stock-venv $(STOCK_VENV)
 
-.PHONY: build export check-stack test lint audit bench clean
+.PHONY: build export check-stack test lint audit bench results clean
 
 build:
 	$(BUILD_TOOL) build $(VENV_ARGS) $(if $(PIP_ARGS),--pip-args "$(PIP_ARGS)") $(if $(FORCE),--force)
@@ -51,6 +52,9 @@ $(LINT_VENV)/.installed: requirements/lint.txt
 
 lint: build $(LINT_VENV)/.installed
 	$(PYTHON) tools/lint.py --venv $(VENV) --lint-venv $(LINT_VENV)
+
+results: build
+	$(VENV)/bin/python tools/results.py --stock-venv $(STOCK_VENV)
 
 clean:
 	rm -rf $(VENV) $(STOCK_VENV) $(LINT_VENV) .build dist
