@@ -1,11 +1,23 @@
-"""Benchmark DTensor with and without the strategy-contract change, side by side.
+"""Benchmark DTensor on stock torch 2.14.1 and on the same release with the change, side by side.
 
 Run from the repository root (``make bench`` does, after ``make build``)::
 
-    python -m tools.bench                                   # all, 5 repeats
+    python -m tools.bench --stock-python .venv-stock/bin/python \\
+        --built-python .venv/bin/python --out reports/bench.json --work-dir .build/bench
     python -m tools.bench --bench planner_enumeration --repeats 3
-    python -m tools.bench --quick --repeats 1               # smoke run, seconds
+    python -m tools.bench --quick --repeats 1               # smoke run
     python -m tools.bench --strict                          # exit 1 if a target is missed
+
+The benchmarks and their targets (built/stock, checked with ``--strict``):
+
+* ``eager_dispatch_warm`` (<= 1.02) and ``eager_dispatch_cold`` (<= 1.00): a
+  DTensor op list, caches warm, or cleared before every call (propagation and
+  shape inference caches, on both sides);
+* ``planner_enumeration`` (<= 0.50): a planner's walk over a traced Llama step,
+  the built registries' complete answers against stock plus the repair pass a
+  planner needs to use stock's answers;
+* ``planner_enumeration_bare`` (<= 1.00): the same built walk against stock's
+  plain answers, where stock can answer.
 
 For every benchmark and repeat the worker (``tools/bench/worker.py``) runs once
 under the stock python and once under the built python, as separate processes,
@@ -15,15 +27,17 @@ warmups/values/loops) and writes pyperf JSON, read back here with
 ``pyperf.Benchmark``. The values are on ``--clock``: ``cpu``, each worker's
 CPU time (the default: on a shared machine, time spent waiting for a core is in
 wall time but is no side's work), or ``wall``; every worker reads both clocks,
-and the other clock's ratio is reported beside the checked one. Per side, the median is taken over every value of every
-repeat; the spread is that of the per-repeat medians (relative stdev and
-min-max); the ratio is built/stock and is checked against the target. The
+and the other clock's ratio is reported beside the checked one. Per side, the
+median is taken over every value of every repeat; the spread is that of the
+per-repeat medians (relative stdev and min-max); the ratio is the median of
+the per-repeat built/stock ratios and is checked against the target. The
 planner benchmarks' built workers also time the floor (``planner.FloorWalk``):
 built/floor is, per repeat, the built median over that worker's floor median,
 and its median over the repeats is reported next to built/stock (no target).
 
-Writes ``reports/bench.json`` (one entry per benchmark) and the merged pyperf
-suites ``<work-dir>/stock.pyperf.json`` and ``built.pyperf.json`` (for
+Writes ``--out`` (``reports/bench.json``: one entry per benchmark, medians,
+ratios and walk counts; no paths, no timestamps) and the merged pyperf suites
+``<work-dir>/stock.pyperf.json`` and ``built.pyperf.json`` (for
 ``python -m pyperf compare_to``).
 """
 
@@ -59,13 +73,16 @@ class SideResult:
 
     @property
     def repeat_medians(self) -> list[float]:
+        """Each repeat's median (the unit the ratios pair)."""
         return [b.median() for b in self.benches]
 
     @property
     def values(self) -> list[float]:
+        """Every value of every repeat."""
         return [v for b in self.benches for v in b.get_values()]
 
     def median(self) -> float:
+        """The side's headline time: the median over all its values."""
         return statistics.median(self.values)
 
     def clock_repeat_medians(self, clock: str) -> list[float]:
@@ -73,6 +90,7 @@ class SideResult:
         return [statistics.median(i["values_by_clock"][clock]) for i in self.infos]
 
     def spread(self) -> dict[str, float]:
+        """How much the repeats disagree: relative stdev and range of their medians."""
         meds = self.repeat_medians
         mean = statistics.fmean(meds)
         rel = statistics.stdev(meds) / mean if len(meds) > 1 and mean > 0 else 0.0
@@ -102,6 +120,7 @@ def run_worker(
 
 
 def fmt_s(seconds: float) -> str:
+    """Seconds in the unit that keeps 3-4 significant digits readable."""
     if seconds >= 1:
         return f"{seconds:.3f} s"
     if seconds >= 1e-3:
@@ -110,6 +129,7 @@ def fmt_s(seconds: float) -> str:
 
 
 def fmt_spread(s: dict[str, float]) -> str:
+    """A spread as the table prints it."""
     return f"±{100 * s['rel_stdev']:.1f}% ({fmt_s(s['min_s'])}–{fmt_s(s['max_s'])})"
 
 
@@ -190,6 +210,7 @@ def floor_summary(built: SideResult) -> dict[str, Any]:
 
 
 def table(entries: list[dict[str, Any]]) -> str:
+    """The printed results: one aligned row per benchmark."""
     headers = ["benchmark", "stock median", "stock spread", "built median", "built spread",
                "built/stock", "per-repeat", "target", "result", "other clock", "built/floor", "floor"]
     rows = [headers]
@@ -215,6 +236,7 @@ def table(entries: list[dict[str, Any]]) -> str:
 
 
 def planner_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """Per planner benchmark and side, what the walk did (so a fast side that skipped work shows)."""
     lines = []
     for e in entries:
         if "walk" not in e:
@@ -232,6 +254,7 @@ def planner_lines(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def parse_benches(text: str | None) -> list[str]:
+    """``--bench``'s names (all when empty); SystemExit naming any unknown one."""
     names = [n.strip() for n in (text or "").split(",") if n.strip()] or list(BENCHES)
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
@@ -240,6 +263,7 @@ def parse_benches(text: str | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run every benchmark's worker pairs, write the report, print the table; 1 on a miss with --strict."""
     ap = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", help=f"comma-separated names (default all: {','.join(BENCHES)})")
@@ -305,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(entries))
     for line in planner_lines(entries):
         print(line)
-    print(f"wrote {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
-          f"({time.monotonic() - t_start:.0f} s); pyperf suites in {work}")
+    shown = {p: p.relative_to(REPO_ROOT) if p.is_relative_to(REPO_ROOT) else p for p in (out, work)}
+    print(f"wrote {shown[out]} ({time.monotonic() - t_start:.0f} s); pyperf suites in {shown[work]}")
     failed = [e["name"] for e in entries if not e["pass"]]
     if failed:
         print(f"targets missed: {', '.join(failed)}" + ("" if args.strict else " (not --strict)"))

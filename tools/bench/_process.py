@@ -1,8 +1,8 @@
-"""Running one benchmark worker process, as the orchestrators do.
+"""Running one benchmark worker process, as the orchestrator does.
 
-``python -m tools.bench`` and ``python -m tools.bench.scaling`` both start each
-measured side in its own interpreter, with the same quiet environment (one
-intra-op thread, no warnings, no bytecode writes) and the same failure report.
+``python -m tools.bench`` starts each measured side in its own interpreter,
+with a quiet environment (one intra-op thread, no warnings, no bytecode
+writes), so that both sides run alike, and a failure report naming the worker.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx
 import torch.nn.functional as F
-from torch._ops import OpOverload
 from torch.fx.experimental.proxy_tensor import make_fx
 
 if TYPE_CHECKING:
@@ -93,40 +92,3 @@ def trace_llama(d: LlamaDims) -> torch.fx.GraphModule:
             f"traced llama graph has {n_placeholders} placeholders, expected {1 + len(params)}"
         )
     return gm
-
-
-def graph_prefix(graph: torch.fx.Graph, aten_nodes: int) -> torch.fx.Graph:
-    """The graph cut after its first ``aten_nodes`` aten calls (placeholders all kept).
-
-    A prefix of a topologically ordered graph is a walk of its own (every
-    producer comes before its consumers), so a smaller fixed model size for the
-    expensive meshes is the start of the same step rather than another model.
-    The getitem nodes of a kept multi-output call are kept; the output returns
-    the last kept node.
-    """
-    if aten_nodes < 1:
-        raise ValueError(f"a graph prefix needs at least 1 aten node, got {aten_nodes}")
-    total = sum(1 for n in graph.nodes if n.op == "call_function" and isinstance(n.target, OpOverload))
-    if aten_nodes > total:
-        raise ValueError(f"the graph has {total} aten nodes; cannot keep the first {aten_nodes}")
-    prefix = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    kept = 0
-    last: torch.fx.Node | None = None
-    for node in graph.nodes:
-        if node.op == "output":
-            break
-        is_aten = node.op == "call_function" and isinstance(node.target, OpOverload)
-        if is_aten and kept == aten_nodes:
-            break
-        if node.op == "call_function" and not is_aten and any(
-            isinstance(a, torch.fx.Node) and a not in env for a in node.args
-        ):
-            continue  # a getitem of a call that was not kept
-        env[node] = prefix.node_copy(node, lambda n: env[n])
-        if is_aten:
-            kept += 1
-        if node.op != "placeholder":
-            last = env[node]
-    prefix.output(last)
-    return prefix

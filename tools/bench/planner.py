@@ -2,23 +2,28 @@
 
 An auto-sharding planner walks an aten graph in topological order. Each tensor
 carries candidate placements; each op is asked for every way it can run given
-its inputs' candidates, and the output placements of the answer become the
+its inputs' candidates (a strategy schema whose ``OpStrategy`` inputs hold one
+``OpSpec`` per candidate), and the output placements of the answer become the
 candidates of its result. What differs between the sides is how the answer is
 obtained:
 
-* ``built``: ``ShardingPropagator.get_op_strategy`` (the change's planner entry
-  point) and the specs as returned (the change guarantees complete specs);
-* ``stock``: stock's registries, plus the repair pass planners run today
-  (:class:`StockRepair`): shape inference of the op on fake tensors, output and
-  input metas filled in, ``None`` where the op returns ``None``, missing input
-  specs and redistribute costs filled, and single-dim rules expanded over the
-  full candidate lists (stock's own expansion raises with several candidates);
+* ``built``: the registries asked directly, as the change lets a planner ask
+  them (single-dim rules through ``_expand_single_dim_strategy_to_mesh`` with
+  no output metas, ``op_strategy_funcs[op](schema)``, the decomposition path's
+  ``propagate_strategy(schema)``), and the specs used as returned: the change
+  makes them complete;
+* ``stock``: stock's registries plus the repair pass planners run today
+  (:class:`StockRepair`): stock's single-dim expansion refuses an input with
+  several candidates, so the planner expands the rules itself over the full
+  candidate lists; its specs lack metas, so the planner runs shape inference
+  of the op on fake tensors and fills output and input metas, ``None`` where
+  the op returns ``None``, and missing input specs and redistribute costs;
 * ``bare``: stock's registries with no repair at all (:class:`BareQuery`): the
-  single-dim rules expanded the same way but without output metas, and every
+  single-dim rules expanded the same way but without output metas, every
   answer read as it comes. Its consume step takes what a planner can read from
   an incomplete spec (placements for candidates, costs where present) and
-  counts what is missing instead of raising: the price planners pay today when
-  they skip the repair and live with incomplete specs.
+  counts what is missing instead of raising: the price of stock's plain
+  answers, where stock can answer.
 
 Nodes no registry answers get an all-Replicate strategy, on every side, and
 are counted as fallbacks; on the bare side the fallback's metas are the graph's
@@ -31,16 +36,16 @@ on fake tensors gives them), builds as many ``OpSpec``s as the built walk
 received, from fresh ``DTensorSpec``s carrying the recorded placements and the
 inferred metas and with the recorded cost rows, and consumes them with the same
 consume step. Those are the parts no implementation of complete answers can
-skip: handing out the specs and knowing their metas. Everything else the built
-walk spends (finding and running rules, expanding them over the mesh, checking
-shardability, pricing redistributions, finalizing) is what an implementation
-can make cheaper, so built/floor measures how much of it is left. Building the
-planner's query (its input ``OpStrategy``s) is not in the floor: it is the
-planner's own cost, the same on every side.
+skip. Everything else the built walk spends (finding and running rules,
+expanding them over the mesh, checking shardability, pricing redistributions)
+is what an implementation can make cheaper, so built/floor measures how much
+of it is left. Building the planner's query (its input ``OpStrategy``s) is not
+in the floor: it is the planner's own cost, the same on every side.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections import Counter
@@ -61,7 +66,10 @@ from torch.distributed.tensor._op_schema import (
     StrategyType,
     TupleStrategy,
 )
-from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+from torch.distributed.tensor._ops.single_dim_strategy import (
+    _expand_single_dim_strategy_to_mesh,
+    _ShardingPlaceholder,
+)
 from torch.distributed.tensor._ops.utils import (
     expand_to_full_mesh_op_strategy,
     generate_redistribute_costs,
@@ -71,7 +79,6 @@ from torch.utils import _pytree as pytree
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-    from types import ModuleType
     from collections.abc import Callable, Sequence
 
 
@@ -81,6 +88,7 @@ Metas = Any
 
 
 def meta_of(t: torch.Tensor) -> TensorMeta:
+    """The global meta DTensor records for ``t``."""
     return TensorMeta(shape=t.shape, stride=t.stride(), dtype=t.dtype)
 
 
@@ -105,12 +113,39 @@ def spread_cap(candidates: Sequence[Placements], cap: int) -> list[Placements]:
     return unique
 
 
+def input_candidates(mesh: DeviceMesh, meta: TensorMeta, cap: int) -> list[Placements]:
+    """The candidates a planner offers for a graph input, at most ``cap``.
+
+    Per mesh dim ``Replicate()`` or ``Shard(d)`` for a tensor dim at least as
+    long as the mesh dim; combinations cutting a dim into more pieces than it
+    has elements are left out. All-Replicate comes first, then fewer sharded
+    mesh dims before more, and :func:`spread_cap` picks from that order, so
+    the choice is deterministic and the same on every side.
+    """
+    per_mesh_dim = [
+        [Replicate(), *(Shard(d) for d, n in enumerate(meta.shape) if n >= mesh.size(m))]
+        for m in range(mesh.ndim)
+    ]
+
+    def fits(combo: Placements) -> bool:
+        pieces = [1] * len(meta.shape)
+        for m, p in enumerate(combo):
+            if isinstance(p, Shard):
+                pieces[p.dim] *= mesh.size(m)
+        return all(k <= n for k, n in zip(pieces, meta.shape))
+
+    combos = [c for c in itertools.product(*per_mesh_dim) if fits(c)]
+    combos.sort(key=lambda c: sum(not isinstance(p, Replicate) for p in c))
+    return spread_cap(combos, cap)
+
+
 def is_multi(metas: Metas) -> bool:
     """Whether ``metas`` is one entry per result (a TensorMeta is a NamedTuple too)."""
     return isinstance(metas, (list, tuple)) and not isinstance(metas, TensorMeta)
 
 
 def output_list(specs: object) -> list[DTensorSpec | None]:
+    """``output_specs`` as one entry per result, whether it is a tuple or one spec."""
     return list(specs) if isinstance(specs, (list, tuple)) else [specs]  # type: ignore[list-item]
 
 
@@ -131,6 +166,7 @@ class WalkStats:
     cost_sum: float = 0.0  # finite redistribute costs read (proves they were consumed)
 
     def as_dict(self) -> dict[str, Any]:
+        """The counters as the worker's info JSON holds them."""
         return {
             "nodes": self.nodes,
             "queries": self.queries,
@@ -180,7 +216,6 @@ class PlannerWalk:
         mesh: DeviceMesh,
         graph: torch.fx.Graph,
         side: str,
-        sweep: ModuleType,
         cap: int,
         record: dict[torch.fx.Node, RecordedNode] | None = None,
     ) -> None:
@@ -189,11 +224,9 @@ class PlannerWalk:
         self.mesh = mesh
         self.graph = graph
         self.side = side
-        self.sweep = sweep
         self.cap = cap
         self.propagator = DTensor._op_dispatcher.sharding_propagator
-        # Fresh per walk: a planner's own caches are part of its cold cost.
-        self.candidate_func = sweep.capped_candidates(cap)
+        # Fresh per walk: a planner's own state is part of its cold cost.
         self.fake_mode = FakeTensorMode()
         self.replicate: Placements = (Replicate(),) * mesh.ndim
         self.candidates: dict[torch.fx.Node, list[list[Placements]]] = {}
@@ -209,6 +242,7 @@ class PlannerWalk:
     # ---- inputs ----
 
     def node_meta(self, node: torch.fx.Node) -> Metas:
+        """The metas the trace recorded for ``node``: what its consumers' queries carry."""
         return metas_of(node.meta["val"])
 
     def input_strategy(self, node: torch.fx.Node) -> OpStrategy:
@@ -226,6 +260,7 @@ class PlannerWalk:
         return strategy
 
     def schema_arg(self, arg: object) -> object:
+        """An argument as a strategy schema holds it: tensors become their candidates."""
         if isinstance(arg, torch.fx.Node):
             return self.input_strategy(arg)
         if isinstance(arg, (list, tuple)) and any(isinstance(a, torch.fx.Node) for a in arg):
@@ -237,6 +272,7 @@ class PlannerWalk:
         return arg
 
     def schema_for(self, node: torch.fx.Node) -> OpSchema:
+        """The planner's query for ``node``, with the op's registered schema info."""
         op = node.target
         if not isinstance(op, OpOverload):
             raise TypeError(f"{node.format_node()}: target {op!r} is not an OpOverload")
@@ -253,6 +289,7 @@ class PlannerWalk:
         )
 
     def registry(self, op: OpOverload) -> str:
+        """Which of DTensor's registries answers ``op`` (the one the runtime would ask)."""
         if op in self.propagator.op_single_dim_strategy_funcs:
             return "single_dim"
         if op in self.propagator.op_strategy_funcs:
@@ -299,10 +336,11 @@ class PlannerWalk:
     # ---- the walk ----
 
     def run(self) -> WalkStats:
+        """Visit every node in order; the counters of what was done."""
         for node in self.graph.nodes:
             if node.op == "placeholder":
                 meta = self.node_meta(node)
-                self.candidates[node] = [list(self.candidate_func(self.mesh, meta))]
+                self.candidates[node] = [input_candidates(self.mesh, meta, self.cap)]
             elif node.op == "output":
                 continue
             elif node.op == "call_function" and node.target is operator.getitem:
@@ -314,7 +352,23 @@ class PlannerWalk:
                 raise RuntimeError(f"planner walk: unexpected node {node.op} {node.target}")
         return self.stats
 
+    def ask_registry(self, schema: OpSchema, registry: str) -> StrategyType | None:
+        """The registry's own answer to a planner query, nothing added.
+
+        With several candidates per input, only the change's torch answers
+        single-dim ops this way (stock's expansion refuses them).
+        """
+        op = schema.op
+        if registry == "single_dim":
+            info = self.propagator.op_single_dim_strategy_funcs[op]
+            expand = _expand_single_dim_strategy_to_mesh(self.mesh, schema, info, None)
+            return expand(op, schema.args_meta, schema.kwargs_meta)
+        if registry == "op_strategy":
+            return self.propagator.op_strategy_funcs[op](schema)
+        return self.propagator.decomp_strategy.propagate_strategy(schema)
+
     def visit(self, node: torch.fx.Node) -> None:
+        """Ask for ``node``'s strategy as this side does, fall back if none, consume it."""
         op = node.target
         if not isinstance(op, OpOverload):
             raise TypeError(f"{node.format_node()}: target {op!r} is not an OpOverload")
@@ -334,12 +388,12 @@ class PlannerWalk:
                 if self.bare is not None:
                     strategy = self.bare.query(schema, registry, inputs)
                 elif self.repair is None:
-                    # the change's one planner entry point, specs used as returned
-                    strategy = self.propagator.get_op_strategy(schema)
+                    # the change: the registries answer, specs used as returned
+                    strategy = self.ask_registry(schema, registry)
                 else:
                     metas = self.infer_metas(node)
                     strategy = self.repair.query(schema, registry, inputs, metas)
-            except Exception as e:  # the planner falls back, and we count it
+            except Exception as e:  # the planner falls back; counted below
                 reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
             else:
                 if strategy is None:
@@ -668,12 +722,11 @@ class FloorWalk(PlannerWalk):
         self,
         mesh: DeviceMesh,
         graph: torch.fx.Graph,
-        sweep: ModuleType,
         cap: int,
         recorded: dict[torch.fx.Node, RecordedNode],
         verify: bool = False,
     ) -> None:
-        super().__init__(mesh, graph, "built", sweep, cap)
+        super().__init__(mesh, graph, "built", cap)
         self.recorded = recorded
         self.verify = verify
 
@@ -708,31 +761,30 @@ class FloorWalk(PlannerWalk):
 
 
 def record_walk(
-    mesh: DeviceMesh, graph: torch.fx.Graph, sweep: ModuleType, cap: int
+    mesh: DeviceMesh, graph: torch.fx.Graph, cap: int
 ) -> tuple[WalkStats, dict[torch.fx.Node, RecordedNode]]:
     """One built walk that keeps every node's answer (untimed; the floor's input)."""
     recorded: dict[torch.fx.Node, RecordedNode] = {}
-    stats = PlannerWalk(mesh, graph, "built", sweep, cap, record=recorded).run()
+    stats = PlannerWalk(mesh, graph, "built", cap, record=recorded).run()
     return stats, recorded
 
 
 def floor_once(
     mesh: DeviceMesh,
     graph: torch.fx.Graph,
-    sweep: ModuleType,
     cap: int,
     recorded: dict[torch.fx.Node, RecordedNode],
     verify: bool = False,
 ) -> WalkStats:
     """One floor walk over the recorded answers (see :class:`FloorWalk`)."""
-    return FloorWalk(mesh, graph, sweep, cap, recorded, verify).run()
+    return FloorWalk(mesh, graph, cap, recorded, verify).run()
 
 
 def walk_once(
-    mesh: DeviceMesh, graph: torch.fx.Graph, side: str, sweep: ModuleType, cap: int
+    mesh: DeviceMesh, graph: torch.fx.Graph, side: str, cap: int
 ) -> WalkStats:
     """One complete walk, as measured (the caller clears DTensor's caches first)."""
-    return PlannerWalk(mesh, graph, side, sweep, cap).run()
+    return PlannerWalk(mesh, graph, side, cap).run()
 
 
 def check_walk(stats: WalkStats, graph: torch.fx.Graph) -> None:

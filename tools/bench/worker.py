@@ -4,7 +4,7 @@ Run from the repository root (the orchestrator, ``python -m tools.bench``, does)
 
     .venv/bin/python -m tools.bench.worker --bench planner_enumeration \\
         --out /tmp/built.json --info /tmp/built.info.json [--quick] [--memory] \\
-        [--mesh 2x2x2 --blocks 2 --cap 8]
+        [--profile /tmp/built.prof]
 
 The timing is pyperf's: a ``pyperf.Runner`` in ``--worker`` mode with fixed
 warmups, values and loops, so this process is the one pyperf worker and the
@@ -16,15 +16,15 @@ The planner benchmarks' built worker also times the floor (see
 ``planner.FloorWalk``): after pyperf's values, one recording walk keeps the
 built answers, and the floor walk over them is timed with as many values (of
 as many loops) as the benchmark; its median goes into the info as ``floor_s``.
-``--mesh``, ``--blocks`` and ``--cap`` change the planner walk's mesh, model
-size and candidate cap (the fake world takes the mesh's size).
+``--profile`` runs one more measured call under cProfile and writes its stats
+(``python -m pstats``), to see where a side spends its time.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
-import os
 import resource
 import statistics
 import sys
@@ -71,25 +71,29 @@ BENCHES: dict[str, BenchSpec] = {
         "layer_norm fwd+bwd) on a 2x4 mesh, sharding cache warm; seconds per op list",
     ),
     "eager_dispatch_cold": BenchSpec(
-        0.90,
+        1.00,
         Plan(warmups=1, values=8, loops=3),
         Plan(warmups=0, values=2, loops=1),
-        "the same op list with DTensor's sharding caches cleared before each call",
+        "the same op list with DTensor's caches (sharding propagation and shape inference) "
+        "cleared before each call",
     ),
     "planner_enumeration": BenchSpec(
         0.50,
         Plan(warmups=1, values=2, loops=1),
         Plan(warmups=0, values=1, loops=1),
         "every node of a traced 4-block Llama step (fwd+bwd) queried with planner "
-        "candidates on a 2x4 mesh; built as returned vs stock + repair pass; seconds per walk",
+        "candidates on a 2x4 mesh; built: the registries' answers as returned; stock: "
+        "its registries + the planner's repair pass (planner-side expansion, shape "
+        "inference, metas and costs filled); seconds per walk",
     ),
     "planner_enumeration_bare": BenchSpec(
         1.00,
         Plan(warmups=1, values=2, loops=1),
         Plan(warmups=0, values=1, loops=1),
         "the same walk; built's complete answers vs stock bare: stock's registries with no "
-        "repair (single-dim rules expanded without metas, no shape inference, specs read as "
-        "they come, gaps counted); seconds per walk",
+        "repair (single-dim rules expanded planner-side without metas, no shape inference, "
+        "specs read as they come, gaps counted, all-Replicate where stock cannot answer); "
+        "seconds per walk",
     ),
 }
 PLANNER_BENCHES = ("planner_enumeration", "planner_enumeration_bare")
@@ -97,7 +101,6 @@ PLANNER_BENCHES = ("planner_enumeration", "planner_enumeration_bare")
 # Planner walk sizes: (blocks, candidates per tensor).
 PLANNER_FULL = (4, 8)
 PLANNER_QUICK = (1, 4)
-MESH_SHAPE = (2, 4)
 
 # The clocks a measured call is timed with. Both are read for every value; the
 # benchmark's ``clock`` is the one pyperf records and the targets are checked on.
@@ -152,6 +155,7 @@ class Benchmark:
         self.clock_values: list[dict[str, float]] = []
 
     def time_func(self, loops: int) -> float:
+        """Seconds of ``loops`` measured calls on the benchmark's clock (pyperf's callback)."""
         raise NotImplementedError
 
     def timed(self, watch: Stopwatch) -> float:
@@ -160,12 +164,15 @@ class Benchmark:
         return watch.seconds[self.clock]
 
     def check(self) -> None:
+        """Raise unless the last measured call computed what it should: a fast wrong run is no result."""
         raise NotImplementedError
 
     def info(self) -> dict[str, Any]:
+        """What the run computed, for the info JSON."""
         return {}
 
     def memory(self) -> dict[str, Any]:
+        """Peak memory of one extra call (``--memory``); nothing where not measured."""
         return {}
 
     def floor(self, plan: Plan) -> dict[str, Any]:
@@ -183,7 +190,7 @@ class EagerBench(Benchmark):
         self.common = common
         self.eager = eager
         self.cold = cold
-        self.inputs = eager.make_inputs(common.cpu_mesh(MESH_SHAPE))
+        self.inputs = eager.make_inputs(common.cpu_mesh())
         self.cleared = common.clear_dtensor_caches()
         self.results = eager.run_ops(self.inputs)  # the warm-up call; also checked
         self.check()
@@ -212,41 +219,27 @@ class PlannerBench(Benchmark):
     the repair pass (``bare=False``) or without any (``bare=True``).
     """
 
-    def __init__(
-        self,
-        quick: bool,
-        bare: bool = False,
-        mesh_shape: tuple[int, ...] | None = None,
-        blocks: int | None = None,
-        cap: int | None = None,
-        gm: Any = None,
-    ) -> None:
+    def __init__(self, quick: bool, bare: bool = False) -> None:
         from tools.bench import common, model, planner
 
         super().__init__()
         self.common = common
         self.planner = planner
-        default_blocks, default_cap = PLANNER_QUICK if quick else PLANNER_FULL
-        self.blocks = default_blocks if blocks is None else blocks
-        self.cap = default_cap if cap is None else cap
-        if self.blocks < 1 or self.cap < 1:
-            raise ValueError(f"planner walk: blocks {self.blocks} and cap {self.cap} must be >= 1")
-        self.mesh_shape = MESH_SHAPE if mesh_shape is None else tuple(mesh_shape)
-        self.mesh = common.cpu_mesh(self.mesh_shape)
-        self.sweep = common.load_contract_candidates()
+        self.blocks, self.cap = PLANNER_QUICK if quick else PLANNER_FULL
+        self.mesh = common.cpu_mesh()
         if common.has_contract_change():
             self.side = "built"
         else:
             self.side = "bare" if bare else "stock"
         t0 = time.perf_counter()
-        # A caller walking several meshes passes the traced graph in (it depends on blocks only).
-        self.gm = gm if gm is not None else model.trace_llama(model.LlamaDims(blocks=self.blocks))
+        self.gm = model.trace_llama(model.LlamaDims(blocks=self.blocks))
         self.trace_s = time.perf_counter() - t0
         self.cleared: list[str] = []
         self.stats = None
 
     def walk(self) -> Any:
-        return self.planner.walk_once(self.mesh, self.gm.graph, self.side, self.sweep, self.cap)
+        """One complete walk of this side (the caller clears the caches)."""
+        return self.planner.walk_once(self.mesh, self.gm.graph, self.side, self.cap)
 
     def time_func(self, loops: int) -> float:
         watch = Stopwatch()
@@ -268,7 +261,7 @@ class PlannerBench(Benchmark):
             "walk": self.side,
             "blocks": self.blocks,
             "candidate_cap": self.cap,
-            "mesh": list(self.mesh_shape),
+            "mesh": list(self.mesh.shape),
             "graph_nodes": len(nodes),
             "trace_s": round(self.trace_s, 3),
             "caches_cleared": self.cleared,
@@ -304,17 +297,17 @@ class PlannerBench(Benchmark):
             return {}
         planner, mesh, graph = self.planner, self.mesh, self.gm.graph
         self.common.clear_dtensor_caches()
-        stats, recorded = planner.record_walk(mesh, graph, self.sweep, self.cap)
-        planner.floor_once(mesh, graph, self.sweep, self.cap, recorded, verify=True)
+        stats, recorded = planner.record_walk(mesh, graph, self.cap)
+        planner.floor_once(mesh, graph, self.cap, recorded, verify=True)
         for _ in range(plan.warmups):
-            planner.floor_once(mesh, graph, self.sweep, self.cap, recorded)
+            planner.floor_once(mesh, graph, self.cap, recorded)
         values = []
         floor_stats = None
         for _ in range(plan.values):
             watch = Stopwatch()
             with watch:
                 for _ in range(plan.loops):
-                    floor_stats = planner.floor_once(mesh, graph, self.sweep, self.cap, recorded)
+                    floor_stats = planner.floor_once(mesh, graph, self.cap, recorded)
             values.append(watch.seconds[self.clock] / plan.loops)
         if floor_stats is None or floor_stats.specs != stats.specs:
             raise RuntimeError(
@@ -332,18 +325,10 @@ class PlannerBench(Benchmark):
         }
 
 
-def make_bench(
-    name: str,
-    quick: bool,
-    mesh_shape: tuple[int, ...] | None = None,
-    blocks: int | None = None,
-    cap: int | None = None,
-) -> Benchmark:
-    """The benchmark ``name``; the walk options apply to the planner benchmarks only."""
+def make_bench(name: str, quick: bool) -> Benchmark:
+    """The benchmark ``name``, set up (inputs made, graph traced); ValueError if unknown."""
     if name in PLANNER_BENCHES:
-        return PlannerBench(quick, name == "planner_enumeration_bare", mesh_shape, blocks, cap)
-    if (mesh_shape is not None and tuple(mesh_shape) != MESH_SHAPE) or blocks is not None or cap is not None:
-        raise ValueError(f"{name}: --mesh, --blocks and --cap apply to the planner benchmarks only")
+        return PlannerBench(quick, bare=name == "planner_enumeration_bare")
     if name == "eager_dispatch_warm":
         return EagerBench(cold=False)
     if name == "eager_dispatch_cold":
@@ -351,7 +336,19 @@ def make_bench(
     raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHES)}")
 
 
+def profile_once(bench: Benchmark, path: Path) -> None:
+    """cProfile stats of one measured call (cache clearing included, as the timed loop does)."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        bench.time_func(1)
+    finally:
+        profiler.disable()
+    profiler.dump_stats(str(path))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Set up, let pyperf time, check, then the extras (floor, memory, profile); the info."""
     import pyperf
     import torch
 
@@ -362,10 +359,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     if out.exists():
         out.unlink()  # pyperf refuses to overwrite a result file
-    mesh_shape = common.parse_mesh(args.mesh) if args.mesh else None
-    common.init_fake_process_group(common.mesh_world_size(mesh_shape or MESH_SHAPE))
     t0 = time.perf_counter()
-    bench = make_bench(args.bench, args.quick, mesh_shape, args.blocks, args.cap)
+    bench = make_bench(args.bench, args.quick)
     bench.clock = args.clock
     setup_s = time.perf_counter() - t0
 
@@ -394,8 +389,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "role": args.role,
         "torch": torch.__version__,
         "has_change": common.has_contract_change(),
-        "python": sys.executable,
-        "pid": os.getpid(),
         "quick": args.quick,
         "plan": vars(plan),
         "setup_s": round(setup_s, 3),
@@ -407,11 +400,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.memory:
         info.update(bench.memory())
+    if args.profile:
+        profile_once(bench, Path(args.profile))
+        bench.check()
     info["max_rss_mib"] = round(_max_rss_mib(), 1)
     return info
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the options, run, write the info JSON."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", required=True, choices=sorted(BENCHES))
     ap.add_argument("--role", default="torch", help="label recorded in the results (stock/built)")
@@ -421,9 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory", action="store_true", help="also measure peak memory (one extra run)")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default=DEFAULT_CLOCK,
                     help="the clock pyperf records (both are kept in the info; default cpu)")
-    ap.add_argument("--mesh", help="planner walk: mesh shape, e.g. 8, 2x4, 2x2x2 (default 2x4)")
-    ap.add_argument("--blocks", type=int, help="planner walk: Llama blocks (default 4; --quick 1)")
-    ap.add_argument("--cap", type=int, help="planner walk: candidates per tensor (default 8; --quick 4)")
+    ap.add_argument("--profile", help="also write cProfile stats of one measured call here")
     args = ap.parse_args(argv)
     info = run(args)
     Path(args.info).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
