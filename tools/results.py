@@ -26,8 +26,9 @@ def _load(name: str) -> Any:
 
 def stack_rows(stock: Path) -> list[str]:
     """The PR stack's size table, as ``make export`` computes it."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import build
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tools import build
 
     change = build.read_change(ROOT)
     steps = build.load_stack(ROOT / "tools" / "stack.toml", change)
