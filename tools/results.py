@@ -62,10 +62,12 @@ def bench_rows(bench: Any) -> list[str]:
 
 
 def upstream_rows(upstream: dict[str, Any]) -> list[str]:
-    rows = ["| file | stock passed | built passed | regressions | improvements |", "|---|---|---|---|---|"]
+    rows = ["| file | stock passed | built passed | regressions | now passing (xfail on stock) | run |",
+            "|---|---|---|---|---|---|"]
     for name, r in sorted(upstream["files"].items()):
-        rows.append(f"| `{name}` | {r['stock_passed']} | {r['built_passed']} | "
-                    f"{len(r['regressions'])} | {len(r['improvements'])} |")
+        now = ", ".join(t.removeprefix("test_dtensor_op_db_").removesuffix("_cpu_float32") for t in r["improvements"])
+        rows.append(f"| {name} | {r['stock_passed']} | {r['built_passed']} | "
+                    f"{len(r['regressions'])} | {now or '-'} | {r['run']} |")
     return rows
 
 
@@ -83,7 +85,7 @@ def render(stock: Path) -> str:
         out += ["", "### Benchmarks (`make bench`, CPU time, stock and built in one run)", "", *bench_rows(bench)]
     upstream = _load("upstream.json")
     if upstream is not None:
-        out += ["", f"### PyTorch's DTensor tests, stock vs built ({upstream['note']})", "",
+        out += ["", "### PyTorch's DTensor tests, stock vs built", "", upstream["note"] + ".", "",
                 *upstream_rows(upstream)]
     return "\n".join(out)
 
