@@ -49,15 +49,22 @@ def clear_dtensor_caches() -> list[str]:
 
     A cold measurement must start from nothing on both sides: the propagation
     caches (the Python LRU and the C++ fast path, through the debug helper)
-    and the shape-inference LRU, which the built runtime now fills on a miss
-    and stock's runtime leaves alone.
+    the shape-inference LRU, which the built runtime now fills on a miss
+    and stock's runtime leaves alone, and the built torch's cost-row cache.
     """
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
+    from torch.distributed.tensor._ops import utils
+
     _clear_sharding_prop_cache()
     ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
-    return ["sharding_prop", "tensor_meta"]
+    cleared = ["sharding_prop", "tensor_meta"]
+    cost_rows = getattr(utils, "_cost_rows", None)
+    if cost_rows is not None:
+        cost_rows.clear()
+        cleared.append("cost_rows")
+    return cleared
 
 
 def has_contract_change() -> bool:

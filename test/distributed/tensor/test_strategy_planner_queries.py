@@ -3,13 +3,25 @@
 placements per input, without output metas; every registry answers, and its
 answer meets the same contract as a runtime answer."""
 
+import gc
+import weakref
+from unittest import mock
+
 import torch
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
 )
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._collective_utils import MeshTopoInfo
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
+from torch.distributed.tensor._ops import utils
+from torch.distributed.tensor._redistribute import (
+    _gen_transform_infos,
+    clear_redistribute_planner_cache,
+)
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -60,8 +72,8 @@ class TestPlannerQueries(StrategyContractTestCase):
             failures += [f"{name}: {v}" for v in found[:1]]
         self.assertEqual(failures, [])
 
-    def candidates(self, t: torch.Tensor, *placements) -> OpStrategy:
-        mesh = self.meshes["4"]
+    def candidates(self, t: torch.Tensor, *placements, mesh=None) -> OpStrategy:
+        mesh = mesh or self.meshes["4"]
         meta = TensorMeta(t.shape, t.stride(), t.dtype)
         return OpStrategy(
             [OpSpec(DTensorSpec(mesh, (p,), tensor_meta=meta)) for p in placements]
@@ -103,6 +115,48 @@ class TestPlannerQueries(StrategyContractTestCase):
         strategy = query_strategy(schema, self.meshes["4"], runtime=False)
         inputs = [s.input_specs[0].placements for s in strategy.strategies]
         self.assertEqual(inputs, [(Replicate(),), (Shard(1),)])
+
+    def mm_query(self, mesh: DeviceMesh):
+        x, y = torch.randn(8, 4), torch.randn(4, 8)
+        schema = OpSchema(
+            aten.mm.default,
+            (
+                self.candidates(x, Replicate(), Shard(0), Shard(1), mesh=mesh),
+                self.candidates(y, Replicate(), Shard(0), Shard(1), mesh=mesh),
+            ),
+            {},
+        )
+        return query_strategy(schema, mesh, runtime=False)
+
+    def test_cost_rows_are_shared_across_queries(self) -> None:
+        utils._cost_rows.clear()
+        first = self.mm_query(self.meshes["4"])
+        with mock.patch.object(
+            utils, "redistribute_cost", wraps=utils.redistribute_cost
+        ) as priced:
+            second = self.mm_query(self.meshes["4"])
+        self.assertEqual(priced.call_count, 0)
+        self.assertEqual(
+            [s.redistribute_cost for s in second.strategies],
+            [s.redistribute_cost for s in first.strategies],
+        )
+        with mock.patch.object(utils, "_COST_ROWS_MAXSIZE", 2):
+            self.mm_query(self.meshes["2x2"])
+            self.assertEqual(len(utils._cost_rows), 2)
+
+    def test_cost_rows_keep_no_mesh_alive(self) -> None:
+        mesh = DeviceMesh("cpu", torch.arange(self.world_size))
+        self.mm_query(mesh)
+        self.assertTrue(any(key[0]() is mesh for key in utils._cost_rows))
+        mesh_ref = weakref.ref(mesh)
+        del mesh
+        # DTensor's own caches of meshes and specs
+        clear_redistribute_planner_cache()
+        _gen_transform_infos.cache_clear()
+        MeshTopoInfo.build_from_mesh.cache_clear()
+        DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
+        gc.collect()
+        self.assertIsNone(mesh_ref())
 
     def test_decomposition_answers_planners(self) -> None:
         calls = [c for c in self.calls if registry(c[1]) == "decomposition"]
