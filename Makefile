@@ -6,7 +6,8 @@
 #   make test         build, check-stack, then the tooling tests (tools/test)
 #   make lint         ruff, flake8 and mypy on what the change adds (linters in .venv-lint)
 #   make audit        tools.audit, stock vs built (STRICT=1, OPS=...)
-#   make bench        tools.bench, stock vs built (STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
+#   make bench        tools.bench, stock vs built, into .build/bench (RECORD=1: reports/bench.json;
+#                     STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
 #   make results      the README's Results section from reports/*.json (tools/results.py)
 #   make clean        remove the venvs, .build and dist
 
@@ -40,7 +41,7 @@ audit: build
 
 bench: build
 	$(VENV)/bin/python -m tools.bench --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python \
-		--out reports/bench.json --work-dir .build/bench \
+		--out $(if $(RECORD),reports/bench.json,.build/bench/bench.json) --work-dir .build/bench \
 		$(if $(STRICT),--strict) $(if $(BENCH),--bench "$(BENCH)") $(if $(REPEATS),--repeats $(REPEATS)) $(if $(QUICK),--quick)
 
 # The pinned linters live in their own venv, rebuilt when requirements/lint.txt changes.

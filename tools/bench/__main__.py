@@ -3,7 +3,7 @@
 Run from the repository root (``make bench`` does, after ``make build``)::
 
     python -m tools.bench --stock-python .venv-stock/bin/python \\
-        --built-python .venv/bin/python --out reports/bench.json --work-dir .build/bench
+        --built-python .venv/bin/python --out .build/bench/bench.json --work-dir .build/bench
     python -m tools.bench --bench planner_enumeration --repeats 3
     python -m tools.bench --quick --repeats 1               # smoke run
     python -m tools.bench --strict                          # exit 1 if a target is missed
@@ -35,8 +35,9 @@ planner benchmarks' built workers also time the floor (``planner.FloorWalk``):
 built/floor is, per repeat, the built median over that worker's floor median,
 and its median over the repeats is reported next to built/stock (no target).
 
-Writes ``--out`` (``reports/bench.json``: one entry per benchmark, medians,
-ratios and walk counts; no paths, no timestamps) and the merged pyperf suites
+Writes ``--out`` (one entry per benchmark, medians, ratios and walk counts; no
+paths, no timestamps; ``make bench RECORD=1`` writes it to the tracked
+``reports/bench.json``, otherwise it goes to ``.build/bench/``) and the merged pyperf suites
 ``<work-dir>/stock.pyperf.json`` and ``built.pyperf.json`` (for
 ``python -m pyperf compare_to``).
 """
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="worker pairs per benchmark (default 5)")
     ap.add_argument("--stock-python", default=".venv-stock/bin/python")
     ap.add_argument("--built-python", default=".venv/bin/python")
-    ap.add_argument("--out", default="reports/bench.json")
+    ap.add_argument("--out", default=".build/bench/bench.json", help="the results JSON (default .build/bench/bench.json)")
     ap.add_argument("--work-dir", default=".build/bench", help="per-worker pyperf and info files")
     ap.add_argument("--quick", action="store_true", help="tiny plans and model: a smoke run")
     ap.add_argument("--strict", action="store_true", help="exit 1 if a ratio misses its target")
