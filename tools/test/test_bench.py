@@ -37,6 +37,7 @@ from torch.distributed.tensor._op_schema import (
     OutputSharding,
     TupleStrategy,
 )
+from torch.distributed.tensor._ops import utils as dtensor_utils
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -301,7 +302,9 @@ class TestCommon(unittest.TestCase):
             for _ in range(2):
                 _ = x + x
             self.assertEqual(len(calls), 1)  # the second call hit a propagation cache
-            self.assertEqual(common.clear_dtensor_caches(), ["sharding_prop", "tensor_meta"])
+            cleared = common.clear_dtensor_caches()
+            self.assertEqual(cleared, ["sharding_prop", "tensor_meta", "cost_rows"])
+            self.assertEqual(len(dtensor_utils._cost_rows), 0)
             _ = x + x
             self.assertEqual(len(calls), 2)
         finally:
