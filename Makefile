@@ -9,7 +9,7 @@
 #   make bench        tools.bench, stock vs built, into .build/bench (RECORD=1: reports/bench.json;
 #                     STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
 #   make results      the README's Results section from reports/*.json (tools/results.py)
-#   make clean        remove the venvs, .build and dist
+#   make clean        remove the venvs, .build, dist and the Python and linter caches
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -58,4 +58,5 @@ results: build
 	$(VENV)/bin/python tools/results.py --stock-venv $(STOCK_VENV)
 
 clean:
-	rm -rf $(VENV) $(STOCK_VENV) $(LINT_VENV) .build dist
+	rm -rf $(VENV) $(STOCK_VENV) $(LINT_VENV) .build dist .pytest_cache .mypy_cache .ruff_cache
+	find tools test torch -name __pycache__ -prune -exec rm -rf {} +
