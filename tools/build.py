@@ -732,15 +732,17 @@ def check_stack(root: Path, stock: Path, only: Sequence[str], timeout: float, lo
 
 def main(argv: Sequence[str] | None = None, log: Log = lambda m: print(m, flush=True)) -> int:
     parser = argparse.ArgumentParser(prog="tools/build.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["build", "export", "check-stack"])
-    parser.add_argument("--repo", type=Path, default=REPO_ROOT)
+    parser.add_argument("command", choices=["build", "export", "check-stack"],
+                        help="build: both venvs; export: the PR stack into dist/; "
+                        "check-stack: each PR's tests on stock torch with the PRs up to it")
+    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the repository root (default: this checkout)")
     parser.add_argument("--venv", type=Path, default=None, help="the overlay venv (default: <repo>/.venv)")
     parser.add_argument("--stock-venv", type=Path, default=None, help="the pip venv (default: <repo>/.venv-stock)")
     parser.add_argument("--pip-args", default="", help="build: extra arguments for pip install")
     parser.add_argument("--force", action="store_true", help="build: rebuild the overlay even if up to date")
     parser.add_argument("--out", type=Path, default=None, help="export: output directory (default: <repo>/dist)")
-    parser.add_argument("--steps", default="", help="check-stack: comma-separated slugs to test")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="check-stack: seconds per step")
+    parser.add_argument("--steps", default="", help="check-stack: comma-separated slugs to test (default: every step)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="check-stack: seconds per step (default: 1800)")
     args = parser.parse_args(argv)
     root = args.repo.resolve()
     venv = (args.venv or root / ".venv").absolute()
