@@ -1,6 +1,5 @@
 # Owner(s): ["oncall: distributed"]
-"""The strategy contract check finds each clause broken in a hand-made strategy
-and accepts a complete one."""
+"""The contract check finds each clause broken in a strategy, accepts a complete one."""
 
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta

@@ -20,6 +20,7 @@ Expected metas come from running the op on fake tensors here, apart from
 DTensor's own shape inference, so the check can judge any build.
 """
 
+import functools
 import itertools
 import math
 from typing import Any
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
     OpSchema,
@@ -161,8 +163,6 @@ def _inputs(op_schema: OpSchema) -> list[OpStrategy]:
 
 
 def _propagator() -> Any:
-    from torch.distributed.tensor import DTensor
-
     return DTensor._op_dispatcher.sharding_propagator
 
 
@@ -190,9 +190,10 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+@functools.cache
 def opinfo_calls() -> list[tuple[str, OpOverload, tuple, dict]]:
     """Every distinct aten call that the first CPU float32 sample of an OpInfo
-    in ``op_db`` makes, has a tensor input and a registry answers."""
+    in ``op_db`` makes, has a tensor input and a registry answers (once per process)."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     seen, found = set(), []
