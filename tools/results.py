@@ -62,12 +62,12 @@ def bench_rows(bench: Any) -> list[str]:
 
 
 def upstream_rows(upstream: dict[str, Any]) -> list[str]:
-    rows = ["| file | stock passed | built passed | regressions | now passing (xfail on stock) | run |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| file | stock passed | built passed | regressions | now passing (xfail on stock) |",
+            "|---|---|---|---|---|"]
     for name, r in sorted(upstream["files"].items()):
         now = ", ".join(t.removeprefix("test_dtensor_op_db_").removesuffix("_cpu_float32") for t in r["improvements"])
         rows.append(f"| {name} | {r['stock_passed']} | {r['built_passed']} | "
-                    f"{len(r['regressions'])} | {now or '-'} | {r['run']} |")
+                    f"{len(r['regressions'])} | {now or '-'} |")
     return rows
 
 
