@@ -1,7 +1,8 @@
 # Owner(s): ["oncall: distributed"]
-"""Reduction rules: the out overloads place ``out`` like the result, and the
+"""Reduction rules: the out overloads place ``out`` like the result; the
 foreach norms, which share ``linalg_vector_norm``'s rule but hold ``dtype``
-where it holds ``dim``, have their arguments read by name."""
+where it holds ``dim``, have their arguments read by name; an empty dim list
+reduces every dim; ``histc`` with ``min == max`` bins over the global range."""
 
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
@@ -39,7 +40,6 @@ class TestReductionStrategies(LocalDTensorTestBase):
                     self.assertEqual(out.placements, (placement,))
                     self.assertEqual(out.full_tensor(), expected)
 
-
     @with_comms
     def test_foreach_norms_with_dtype(self) -> None:
         mesh = self.build_device_mesh()
@@ -51,6 +51,38 @@ class TestReductionStrategies(LocalDTensorTestBase):
                 results = op(dts, 3, torch.float64)
                 for result, want in zip(results, expected):
                     self.assertEqual(result.full_tensor(), want)
+
+    @with_comms
+    def test_empty_dim_list_reduces_every_dim(self) -> None:
+        mesh = self.build_device_mesh()
+        x = torch.randn(8, 6)
+        cases = {
+            "sum": lambda t: torch.sum(t, dim=[]),
+            "sum keepdim": lambda t: torch.sum(t, dim=[], keepdim=True),
+            "std": lambda t: torch.std(t, dim=[]),
+            "amin keepdim": lambda t: torch.amin(t, dim=(), keepdim=True),
+            "logsumexp keepdim": lambda t: torch.logsumexp(t, dim=(), keepdim=True),
+            "vector_norm": lambda t: torch.linalg.vector_norm(t, dim=()),
+            "count_nonzero": lambda t: torch.count_nonzero(t, dim=()),
+            "any (reduces nothing)": lambda t: torch.any(t > 0, dim=()),
+        }
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            dt = distribute_tensor(x, mesh, [Shard(0)])
+            for name, fn in cases.items():
+                with self.subTest(name):
+                    self.assertEqual(fn(dt).full_tensor(), fn(x))
+
+    @with_comms
+    def test_histc_with_equal_bounds(self) -> None:
+        mesh = self.build_device_mesh()
+        x = torch.randn(8, 6)
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            dt = distribute_tensor(x, mesh, [Shard(0)])
+            for lo, hi in ((1.0, 1.0), (0.0, 0.0), (-1.0, 1.0)):
+                self.assertEqual(
+                    torch.histc(dt, bins=4, min=lo, max=hi).full_tensor(),
+                    torch.histc(x, bins=4, min=lo, max=hi),
+                )
 
 
 if __name__ == "__main__":
