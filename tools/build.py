@@ -58,9 +58,9 @@ OVERLAY_DIRS: tuple[str, ...] = ("torch/distributed/tensor", "torch/testing/_int
 STAMP_NAME = ".build-stamp"
 OVERLAY_PTH = "_stock_site.pth"
 
-MAX_STEPS = 7
+MAX_STEPS = 10
 MAX_STEP_LINES = 400
-MAX_PRODUCT_LINES = 500
+MAX_PRODUCT_LINES = 600
 MAX_FIRST_STEP_PRODUCT_LINES = 150
 MAX_TEST_LINES = 1500
 #: What a PR text may not contain (matched case-insensitively), with the reason shown.

@@ -3,12 +3,14 @@
 its meta, ``None`` stands exactly where the op returns ``None``, and inputs and
 costs are present (C1-C5 of ``strategy_contract``)."""
 
+import contextlib
 from unittest import mock
 
 import torch
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeTensorMode,
 )
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import distribute_tensor, DTensor, Replicate
@@ -34,6 +36,7 @@ from torch.testing._internal.distributed._tensor.strategy_contract import (
     strategy_schema,
     StrategyContractTestCase,
 )
+from torch.utils._pytree import tree_map
 
 
 aten = torch.ops.aten
@@ -107,27 +110,56 @@ class TestStrategyContract(StrategyContractTestCase):
             violations += [f"{name}: {v}" for v in found[:1]]
         self.assertEqual(violations, [])
 
-    def test_shape_inference_runs_once_per_runtime_query(self) -> None:
+    @parametrize("tracing", [False, True])
+    def test_shape_inference_runs_once_per_runtime_query(self, tracing: bool) -> None:
+        """Strategy functions receive the metas dispatch inferred, also under
+        an active fake mode, where shape inference is not cached."""
         x = torch.randn(8, 4)
-        # view's strategy function infers the metas itself; mm's expansion is handed them.
-        for op, args in [(aten.view.default, (x, [32])), (aten.mm.default, (x, x.t()))]:
+        calls = [
+            (aten.view.default, (x, [32])),
+            (aten.unbind.int, (x, 1)),
+            (aten.stack.default, ([x, x], 1)),
+            (aten.mm.default, (x, x.t())),
+        ]
+        for op, args in calls:
             schema = strategy_schema(op, args, {}, self.meshes["2x2"])
             specs = OpSchema(
                 op,
-                tuple(a.strategies[0].output_spec if isinstance(a, OpStrategy) else a for a in schema.args_schema),
-                {},
+                *tree_map(
+                    lambda a: a.strategies[0].output_spec
+                    if isinstance(a, OpStrategy)
+                    else [c.strategies[0].output_spec for c in a.children]
+                    if isinstance(a, TupleStrategy)
+                    else a,
+                    (schema.args_schema, schema.kwargs_schema),
+                    is_leaf=lambda a: isinstance(a, (OpStrategy, TupleStrategy)),
+                ),
                 schema_info=schema.schema_info,
             )
-            propagator._propagate_tensor_meta_cached.cache_clear()
-            with mock.patch.object(
-                ShardingPropagator,
-                "_propagate_tensor_meta_non_cached",
-                autospec=True,
-                side_effect=ShardingPropagator._propagate_tensor_meta_non_cached,
-            ) as infer:
+            with (
+                mock.patch.object(
+                    ShardingPropagator,
+                    "_propagate_tensor_meta_non_cached",
+                    autospec=True,
+                    side_effect=ShardingPropagator._propagate_tensor_meta_non_cached,
+                ) as infer,
+                FakeTensorMode() if tracing else contextlib.nullcontext(),
+            ):
                 output = propagator.propagate_op_sharding_non_cached(specs)
             self.assertEqual(infer.call_count, 1, op)
-            self.assertIsInstance(output.output_spec, DTensorSpec)
+            self.assertIsNotNone(output.output_spec, op)
+
+    def test_a_call_the_op_rejects_raises(self) -> None:
+        """Shape inference that fails is reported, never turned into specs
+        without metas."""
+        schema = strategy_schema(
+            aten.mm.default, (torch.randn(8, 4), torch.randn(5, 8)), {}, self.meshes["4"]
+        )
+        rules = [[Replicate(), Replicate(), Replicate()]]
+        with self.assertRaisesRegex(RuntimeError, "aten.mm.default: cannot build"):
+            expand_to_full_mesh_op_strategy(
+                self.meshes["4"], schema, rules, input_index=1
+            )
 
     def test_metas_follow_every_non_tensor_argument(self) -> None:
         x, boundaries = torch.randn(8, 4), torch.arange(5.0)

@@ -3,25 +3,17 @@
 placements per input, without output metas; every registry answers, and its
 answer meets the same contract as a runtime answer."""
 
-import gc
-import weakref
-from unittest import mock
 
 import torch
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
 )
+from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._collective_utils import MeshTopoInfo
+from torch.distributed.tensor import distribute_tensor, DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
-from torch.distributed.tensor._ops import utils
-from torch.distributed.tensor._redistribute import (
-    _gen_transform_infos,
-    clear_redistribute_planner_cache,
-)
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -38,9 +30,14 @@ from torch.testing._internal.distributed._tensor.strategy_contract import (
     strategy_schema,
     StrategyContractTestCase,
 )
+from torch.utils._pytree import tree_map_only
 
 
 aten = torch.ops.aten
+
+
+def replicated_candidate(t: torch.Tensor, mesh: DeviceMesh) -> list[tuple]:
+    return [(Replicate(),) * mesh.ndim]
 
 
 @instantiate_parametrized_tests
@@ -62,6 +59,16 @@ class TestPlannerQueries(StrategyContractTestCase):
                 continue  # data-dependent sizes: DTensor does not serve these
             try:
                 strategy = query_strategy(schema, mesh, runtime=False)
+            except NotImplementedError as e:
+                # Refused: dispatch must refuse the call on replicated inputs too.
+                replicated = strategy_schema(op, args, kwargs, mesh, replicated_candidate)
+                try:
+                    answer = query_strategy(replicated, mesh, runtime=True)
+                except NotImplementedError:
+                    answer = None
+                if answer is not None:
+                    failures.append(f"{name} {op}: refused, dispatch is not: {e}")
+                continue
             except Exception as e:
                 failures.append(f"{name} {op}: {type(e).__name__}: {e}")
                 continue
@@ -79,84 +86,68 @@ class TestPlannerQueries(StrategyContractTestCase):
             [OpSpec(DTensorSpec(mesh, (p,), tensor_meta=meta)) for p in placements]
         )
 
-    def test_single_dim_rules_offer_sharding_of_replicated_candidates(self) -> None:
+    def offered(self, strategy: OpStrategy) -> set[tuple]:
+        """What a planner reads from an answer: each ``OpSpec``'s placements."""
+        return {
+            (
+                tree_map_only(DTensorSpec, lambda o: o.placements, s.output_specs),
+                tuple(spec.placements for spec in s.input_specs),
+            )
+            for s in strategy.strategies
+        }
+
+    def test_the_answer_does_not_depend_on_repeated_candidates(self) -> None:
+        x, y = torch.randn(8, 4), torch.randn(4, 8)
+        prop = DTensor._op_dispatcher.sharding_propagator
+        for op, first, rest in [
+            (aten.mm.default, (x, Replicate()), (self.candidates(y, Replicate()),)),
+            (aten.view.default, (x, Shard(1)), ([2, 16],)),
+            (aten.unbind.int, (x, Shard(1)), (0,)),
+        ]:
+            t, placement = first
+            answers = [
+                prop.enumerate_strategies(
+                    OpSchema(op, (self.candidates(t, *[placement] * n), *rest), {})
+                )
+                for n in (1, 2, 3)
+            ]
+            self.assertEqual(len(answers[0].strategies), len(answers[2].strategies))
+            self.assertEqual(self.offered(answers[0]), self.offered(answers[1]), op)
+            self.assertEqual(self.offered(answers[0]), self.offered(answers[2]), op)
+
+    def test_replicated_candidates_are_offered_sharded_strategies(self) -> None:
         x, y = torch.randn(8, 4), torch.randn(4, 8)
         schema = OpSchema(
             aten.mm.default,
-            (self.candidates(x, Replicate(), Replicate()), self.candidates(y, Replicate())),
+            (self.candidates(x, Replicate()), self.candidates(y, Replicate())),
             {},
         )
-        strategy = query_strategy(schema, self.meshes["4"], runtime=False)
-        outputs = {s.output_spec.placements for s in strategy.strategies}
-        self.assertIn((Shard(0),), outputs)
-        self.assertTrue(all(len(s.redistribute_cost[0]) == 2 for s in strategy.strategies))
+        strategy = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies(
+            schema
+        )
+        self.assertIn((Shard(0),), {out for out, _ in self.offered(strategy)})
 
     def test_view_redistributes_a_candidate_it_cannot_keep(self) -> None:
         x = torch.randn(8, 4)
-        runtime = OpSchema(
-            aten.view.default, (self.candidates(x, Shard(1)), [2, 16]), {}
-        )
+        runtime = OpSchema(aten.view.default, (self.candidates(x, Shard(1)), [2, 16]), {})
         with self.assertRaisesRegex(RuntimeError, "redistribute"):
-            query_strategy(runtime, self.meshes["4"], runtime=False)
-        planner = OpSchema(
-            aten.view.default,
-            (self.candidates(x, Replicate(), Shard(1)), [2, 16]),
-            {},
-        )
-        strategy = query_strategy(planner, self.meshes["4"], runtime=False)
-        costs = [s.redistribute_cost[0][1] for s in strategy.strategies]
-        self.assertTrue(any(c > 0 for c in costs))
+            query_strategy(runtime, self.meshes["4"], runtime=True)
+        strategy = query_strategy(runtime, self.meshes["4"], runtime=False)
+        self.assertEqual(len(strategy.strategies), 1)
+        self.assertGreater(strategy.strategies[0].redistribute_cost[0][0], 0)
 
-    def test_unbind_leaves_out_candidates_sharded_on_the_unbind_dim(self) -> None:
+    def test_unbind_offers_the_input_unsharded_on_the_unbind_dim(self) -> None:
         x = torch.randn(8, 4)
-        schema = OpSchema(
-            aten.unbind.int, (self.candidates(x, Replicate(), Shard(0), Shard(1)), 0), {}
-        )
-        strategy = query_strategy(schema, self.meshes["4"], runtime=False)
-        inputs = [s.input_specs[0].placements for s in strategy.strategies]
-        self.assertEqual(inputs, [(Replicate(),), (Shard(1),)])
-
-    def mm_query(self, mesh: DeviceMesh):
-        x, y = torch.randn(8, 4), torch.randn(4, 8)
-        schema = OpSchema(
-            aten.mm.default,
-            (
-                self.candidates(x, Replicate(), Shard(0), Shard(1), mesh=mesh),
-                self.candidates(y, Replicate(), Shard(0), Shard(1), mesh=mesh),
-            ),
-            {},
-        )
-        return query_strategy(schema, mesh, runtime=False)
-
-    def test_cost_rows_are_shared_across_queries(self) -> None:
-        utils._cost_rows.clear()
-        first = self.mm_query(self.meshes["4"])
-        with mock.patch.object(
-            utils, "redistribute_cost", wraps=utils.redistribute_cost
-        ) as priced:
-            second = self.mm_query(self.meshes["4"])
-        self.assertEqual(priced.call_count, 0)
-        self.assertEqual(
-            [s.redistribute_cost for s in second.strategies],
-            [s.redistribute_cost for s in first.strategies],
-        )
-        with mock.patch.object(utils, "_COST_ROWS_MAXSIZE", 2):
-            self.mm_query(self.meshes["2x2"])
-            self.assertEqual(len(utils._cost_rows), 2)
-
-    def test_cost_rows_keep_no_mesh_alive(self) -> None:
-        mesh = DeviceMesh("cpu", torch.arange(self.world_size))
-        self.mm_query(mesh)
-        self.assertTrue(any(key[0]() is mesh for key in utils._cost_rows))
-        mesh_ref = weakref.ref(mesh)
-        del mesh
-        # DTensor's own caches of meshes and specs
-        clear_redistribute_planner_cache()
-        _gen_transform_infos.cache_clear()
-        MeshTopoInfo.build_from_mesh.cache_clear()
-        DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
-        gc.collect()
-        self.assertIsNone(mesh_ref())
+        for placements in [(Shard(0),), (Shard(0), Replicate(), Shard(1))]:
+            schema = OpSchema(
+                aten.unbind.int, (self.candidates(x, *placements), 0), {}
+            )
+            strategy = query_strategy(schema, self.meshes["4"], runtime=False)
+            inputs = sorted(str(s.input_specs[0].placements) for s in strategy.strategies)
+            expected = ["(Replicate(),)"] + (["(Shard(dim=1),)"] if len(placements) > 1 else [])
+            self.assertEqual(inputs, expected)
+            # the Shard(0) candidate pays for its all-gather
+            self.assertGreater(strategy.strategies[0].redistribute_cost[0][0], 0)
 
     def test_decomposition_answers_planners(self) -> None:
         calls = [c for c in self.calls if registry(c[1]) == "decomposition"]
@@ -170,6 +161,23 @@ class TestPlannerQueries(StrategyContractTestCase):
         self.assertEqual(
             contract_violations(schema, strategy, expected_output_metas(schema)), []
         )
+
+
+    def test_decomposition_refuses_what_dispatch_refuses(self) -> None:
+        """An op whose decomposition does not trace has no strategy for a
+        planner, as dispatch has none even for replicated inputs."""
+        x = torch.randn(2, 3, 8)
+        schema = OpSchema(
+            aten.reflection_pad1d.default, (self.candidates(x, Replicate()), [1, 1]), {}
+        )
+        with self.assertRaisesRegex(
+            NotImplementedError, "reflection_pad1d.default does not have a sharding"
+        ):
+            DTensor._op_dispatcher.sharding_propagator.enumerate_strategies(schema)
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            dx = distribute_tensor(x, self.meshes["4"], [Replicate()])
+            with self.assertRaisesRegex(NotImplementedError, "sharding strategy"):
+                torch.ops.aten.reflection_pad1d(dx, [1, 1])
 
 
 if __name__ == "__main__":

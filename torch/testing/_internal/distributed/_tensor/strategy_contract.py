@@ -20,6 +20,7 @@ Expected metas come from running the op on fake tensors here, apart from
 DTensor's own shape inference, so the check can judge any build.
 """
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -250,26 +251,25 @@ def strategy_schema(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh,
 
 
 def query_strategy(op_schema: OpSchema, mesh: DeviceMesh, runtime: bool) -> StrategyType | None:
-    """The registry's strategy for ``op_schema``, asked as dispatch asks it
-    (``runtime``: metas passed, specs to the decomposition path) or as a planner
-    does (the strategy schema alone)."""
+    """The registry's strategy for ``op_schema``, asked as dispatch asks it (``runtime``:
+    metas on the schema) or as a planner does (``ShardingPropagator.enumerate_strategies``)."""
     from torch.distributed.tensor._ops.single_dim_strategy import _expand_single_dim_strategy_to_mesh
-
     op, prop = op_schema.op, _propagator()
+    if not runtime:
+        return prop.enumerate_strategies(op_schema)
     spec = lambda x: x.strategies[0].output_spec if isinstance(x, OpStrategy) else (  # noqa: E731
         [spec(c) for c in x.children] if isinstance(x, TupleStrategy) else x)
     specs = OpSchema(op, *tree_map(spec, (op_schema.args_schema, op_schema.kwargs_schema),
                                    is_leaf=lambda x: isinstance(x, (OpStrategy, TupleStrategy))),
                      schema_info=op_schema.schema_info)
-    metas = prop._propagate_tensor_meta_non_cached(specs) if runtime else None
+    metas = prop._propagate_tensor_meta_non_cached(specs)
+    op_schema = dataclasses.replace(op_schema, output_tensor_meta=metas)
     if registry(op) == "single_dim":
         info = prop.op_single_dim_strategy_funcs[op]
         return _expand_single_dim_strategy_to_mesh(mesh, op_schema, info, metas)(
             op, op_schema.args_meta, op_schema.kwargs_meta)
     if registry(op) == "op_strategy":
         return prop.op_strategy_funcs[op](op_schema)
-    if not runtime:
-        return prop.decomp_strategy.propagate_strategy(op_schema)
     try:
         return prop.decomp_strategy.propagate_strategy(specs, metas)
     except Exception as e:
