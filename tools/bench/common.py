@@ -55,16 +55,9 @@ def clear_dtensor_caches() -> list[str]:
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-    from torch.distributed.tensor._ops import utils
-
     _clear_sharding_prop_cache()
     ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
-    cleared = ["sharding_prop", "tensor_meta"]
-    cost_rows = getattr(utils, "_cost_rows", None)
-    if cost_rows is not None:
-        cost_rows.clear()
-        cleared.append("cost_rows")
-    return cleared
+    return ["sharding_prop", "tensor_meta"]
 
 
 def has_contract_change() -> bool:

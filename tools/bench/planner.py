@@ -359,6 +359,8 @@ class PlannerWalk:
         single-dim ops this way (stock's expansion refuses them).
         """
         op = schema.op
+        if hasattr(self.propagator, "enumerate_strategies"):
+            return self.propagator.enumerate_strategies(schema)
         if registry == "single_dim":
             info = self.propagator.op_single_dim_strategy_funcs[op]
             expand = _expand_single_dim_strategy_to_mesh(self.mesh, schema, info, None)
