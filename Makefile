@@ -4,7 +4,8 @@
 #   make export       dist/stack/NNNN-<slug>.{patch,md} and dist/stack.md; fails on the stack rules
 #   make check-stack  per step: steps 1..k on stock torch, that step's tests (STEPS=a,b to pick)
 #   make test         build, check-stack, then the tooling tests (tools/test)
-#   make lint         ruff, flake8 and mypy on what the change adds (linters in .venv-lint)
+#   make lint         ruff format, ruff, flake8 and mypy on what the change adds (linters in .venv-lint)
+#   make format       ruff format's rewrites of what the change adds, into the new files and patches/
 #   make audit        tools.audit, stock vs built (STRICT=1, OPS=...)
 #   make bench        tools.bench, stock vs built, into .build/bench (RECORD=1: reports/bench.json;
 #                     STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
@@ -20,7 +21,7 @@ PIP_ARGS ?=
 BUILD_TOOL = $(PYTHON) tools/build.py
 VENV_ARGS = --venv $(VENV) --stock-venv $(STOCK_VENV)
 
-.PHONY: build export check-stack test lint audit bench results clean
+.PHONY: build export check-stack test lint format audit bench results clean
 
 build:
 	$(BUILD_TOOL) build $(VENV_ARGS) $(if $(PIP_ARGS),--pip-args "$(PIP_ARGS)") $(if $(FORCE),--force)
@@ -51,8 +52,17 @@ $(LINT_VENV)/.installed: requirements/lint.txt
 	$(LINT_VENV)/bin/pip install -q --disable-pip-version-check $(PIP_ARGS) -r requirements/lint.txt
 	touch $@
 
+LINT_ARGS = --venv $(VENV) --stock-venv $(STOCK_VENV) --lint-venv $(LINT_VENV)
+
 lint: build $(LINT_VENV)/.installed
-	$(PYTHON) tools/lint.py --venv $(VENV) --lint-venv $(LINT_VENV)
+	$(PYTHON) tools/lint.py $(LINT_ARGS)
+
+# Not after `build`: a rebuild (patches/ or torch/ changed) would drop an edit in
+# .venv not yet written back, which tools/lint.py --fix refuses to run over; the
+# rebuild comes after it, to put the rewritten patches in .venv.
+format: $(LINT_VENV)/.installed
+	$(PYTHON) tools/lint.py --fix $(LINT_ARGS)
+	$(BUILD_TOOL) build $(VENV_ARGS) $(if $(PIP_ARGS),--pip-args "$(PIP_ARGS)")
 
 results: build
 	$(VENV)/bin/python tools/results.py --stock-venv $(STOCK_VENV)
