@@ -6,10 +6,13 @@ of a strategy for ``op(*args, **kwargs)``, from any registry, satisfies:
 
 C1  each output position where the op returns a tensor holds a ``DTensorSpec``
     whose ``tensor_meta`` (shape, stride, dtype) is the op's result on the
-    global inputs;
-C2  each position where the op returns ``None`` holds ``None``; one tensor
-    result is a ``DTensorSpec``, several results (or a ``Tensor[]``) a tuple
-    with one entry each, and no tensor result ``output_specs=None``;
+    global inputs, a result dispatch returns as the rank's own local tensor
+    (the attention ops' RNG state) included: its spec is all ``Replicate``,
+    as dispatch reads such a tensor when it is passed back as an argument;
+C2  each position where the op returns ``None`` holds ``None``, and no other
+    does; one tensor result is a ``DTensorSpec``, several results (or a
+    ``Tensor[]``) a tuple with one entry each, and no tensor result
+    ``output_specs=None``;
 C3  ``input_specs`` holds one ``DTensorSpec`` per tensor input (flattened
     arguments, then keyword arguments), each with that input's meta;
 C4  ``redistribute_cost`` holds one row per tensor input, as long as that
@@ -89,7 +92,13 @@ def _same_meta(a: TensorMeta | None, b: TensorMeta) -> bool:
     )
 
 
-def _spec_violations(spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as_list: bool) -> list[str]:
+def _spec_violations(
+    spec: OpSpec,
+    inputs: list[OpStrategy],
+    expected: Metas,
+    as_list: bool,
+    rank_local: frozenset[int],
+) -> list[str]:
     found = []
     outs = spec.output_specs
     if expected is None:
@@ -111,6 +120,10 @@ def _spec_violations(spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as
                 found.append(f"output {i}: C2 {out} where the op returns a tensor")
             elif meta is not None and not _same_meta(out.tensor_meta, meta):
                 found.append(f"output {i}: C1 tensor_meta {out.tensor_meta}, expected {meta}")
+            elif meta is not None and i in rank_local and not out.is_replicated():
+                found.append(
+                    f"output {i}: C1 rank-local result placed {out.placements}"
+                )
     if spec.input_specs is None or len(spec.input_specs) != len(inputs):
         found.append(f"C3 input_specs {spec.input_specs} for {len(inputs)} tensor inputs")
     else:
@@ -125,10 +138,16 @@ def _spec_violations(spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as
     return found
 
 
-def contract_violations(op_schema: OpSchema, strategy: StrategyType, expected: Metas) -> list[str]:
+def contract_violations(
+    op_schema: OpSchema,
+    strategy: StrategyType,
+    expected: Metas,
+    rank_local: frozenset[int] = frozenset(),
+) -> list[str]:
     """Every way ``strategy``, the answer for ``op_schema``, breaks C1-C5, each
     naming the op, the child and ``OpSpec`` index, the position and the clause.
-    ``expected`` is :func:`expected_output_metas` of ``op_schema``."""
+    ``expected`` is :func:`expected_output_metas` of ``op_schema``;
+    ``rank_local`` the positions of results dispatch returns as local tensors."""
     op = op_schema.op
     if isinstance(strategy, TupleStrategy):
         found = []
@@ -142,10 +161,16 @@ def contract_violations(op_schema: OpSchema, strategy: StrategyType, expected: M
             found += [f"child {i}: {v}" for v in _violations(element, child, want, False)]
         return found
     as_list = any(isinstance(r.type, torch.ListType) for r in op._schema.returns)
-    return _violations(op_schema, strategy, expected, as_list)
+    return _violations(op_schema, strategy, expected, as_list, rank_local)
 
 
-def _violations(op_schema: OpSchema, strategy: StrategyType, expected: Metas, as_list: bool) -> list[str]:
+def _violations(
+    op_schema: OpSchema,
+    strategy: StrategyType,
+    expected: Metas,
+    as_list: bool,
+    rank_local: frozenset[int] = frozenset(),
+) -> list[str]:
     op = op_schema.op
     if not isinstance(strategy, OpStrategy) or not strategy.strategies:
         return [f"{op}: C5 {strategy} is not a non-empty OpStrategy"]
@@ -153,7 +178,7 @@ def _violations(op_schema: OpSchema, strategy: StrategyType, expected: Metas, as
     return [
         f"{op} OpSpec {k} {v}"
         for k, spec in enumerate(strategy.strategies)
-        for v in _spec_violations(spec, inputs, expected, as_list)
+        for v in _spec_violations(spec, inputs, expected, as_list, rank_local)
     ]
 
 
