@@ -6,11 +6,10 @@ of a strategy for ``op(*args, **kwargs)``, from any registry, satisfies:
 
 C1  each output position where the op returns a tensor holds a ``DTensorSpec``
     whose ``tensor_meta`` (shape, stride, dtype) is the op's result on the
-    global inputs, a result dispatch returns as the rank's own local tensor
-    (the attention ops' RNG state) included: its spec is all ``Replicate``,
-    as dispatch reads such a tensor when it is passed back as an argument;
-C2  each position where the op returns ``None`` holds ``None``, and no other
-    does; one tensor result is a ``DTensorSpec``, several results (or a
+    global inputs, an all-``Replicate`` one where dispatch returns the result
+    as the rank's own local tensor (the attention ops' RNG state);
+C2  each position where the op returns ``None`` holds ``None``, and no other;
+    one tensor result is a ``DTensorSpec``, several results (or a
     ``Tensor[]``) a tuple with one entry each, and no tensor result
     ``output_specs=None``;
 C3  ``input_specs`` holds one ``DTensorSpec`` per tensor input (flattened
@@ -92,13 +91,7 @@ def _same_meta(a: TensorMeta | None, b: TensorMeta) -> bool:
     )
 
 
-def _spec_violations(
-    spec: OpSpec,
-    inputs: list[OpStrategy],
-    expected: Metas,
-    as_list: bool,
-    rank_local: frozenset[int],
-) -> list[str]:
+def _spec_violations(spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as_list: bool) -> list[str]:
     found = []
     outs = spec.output_specs
     if expected is None:
@@ -120,10 +113,6 @@ def _spec_violations(
                 found.append(f"output {i}: C2 {out} where the op returns a tensor")
             elif meta is not None and not _same_meta(out.tensor_meta, meta):
                 found.append(f"output {i}: C1 tensor_meta {out.tensor_meta}, expected {meta}")
-            elif meta is not None and i in rank_local and not out.is_replicated():
-                found.append(
-                    f"output {i}: C1 rank-local result placed {out.placements}"
-                )
     if spec.input_specs is None or len(spec.input_specs) != len(inputs):
         found.append(f"C3 input_specs {spec.input_specs} for {len(inputs)} tensor inputs")
     else:
@@ -146,8 +135,8 @@ def contract_violations(
 ) -> list[str]:
     """Every way ``strategy``, the answer for ``op_schema``, breaks C1-C5, each
     naming the op, the child and ``OpSpec`` index, the position and the clause.
-    ``expected`` is :func:`expected_output_metas` of ``op_schema``;
-    ``rank_local`` the positions of results dispatch returns as local tensors."""
+    ``expected`` is :func:`expected_output_metas` of ``op_schema``, and
+    ``rank_local`` holds the positions dispatch returns as local tensors."""
     op = op_schema.op
     if isinstance(strategy, TupleStrategy):
         found = []
@@ -161,16 +150,18 @@ def contract_violations(
             found += [f"child {i}: {v}" for v in _violations(element, child, want, False)]
         return found
     as_list = any(isinstance(r.type, torch.ListType) for r in op._schema.returns)
-    return _violations(op_schema, strategy, expected, as_list, rank_local)
+    found = _violations(op_schema, strategy, expected, as_list)
+    specs = strategy.strategies if isinstance(strategy, OpStrategy) else []
+    for k, spec in enumerate(specs):
+        outs = spec.output_specs if isinstance(spec.output_specs, tuple) else ()
+        for i in sorted(p for p in rank_local if p < len(outs)):
+            out = outs[i]
+            if isinstance(out, DTensorSpec) and not out.is_replicated():
+                found.append(f"{op} OpSpec {k} output {i}: C1 placed {out.placements}")
+    return found
 
 
-def _violations(
-    op_schema: OpSchema,
-    strategy: StrategyType,
-    expected: Metas,
-    as_list: bool,
-    rank_local: frozenset[int] = frozenset(),
-) -> list[str]:
+def _violations(op_schema: OpSchema, strategy: StrategyType, expected: Metas, as_list: bool) -> list[str]:
     op = op_schema.op
     if not isinstance(strategy, OpStrategy) or not strategy.strategies:
         return [f"{op}: C5 {strategy} is not a non-empty OpStrategy"]
@@ -178,7 +169,7 @@ def _violations(
     return [
         f"{op} OpSpec {k} {v}"
         for k, spec in enumerate(strategy.strategies)
-        for v in _spec_violations(spec, inputs, expected, as_list, rank_local)
+        for v in _spec_violations(spec, inputs, expected, as_list)
     ]
 
 
