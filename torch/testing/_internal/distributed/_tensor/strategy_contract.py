@@ -6,10 +6,12 @@ of a strategy for ``op(*args, **kwargs)``, from any registry, satisfies:
 
 C1  each output position where the op returns a tensor holds a ``DTensorSpec``
     whose ``tensor_meta`` (shape, stride, dtype) is the op's result on the
-    global inputs;
-C2  each position where the op returns ``None`` holds ``None``; one tensor
-    result is a ``DTensorSpec``, several results (or a ``Tensor[]``) a tuple
-    with one entry each, and no tensor result ``output_specs=None``;
+    global inputs, an all-``Replicate`` one where dispatch returns the result
+    as the rank's own local tensor (the attention ops' RNG state);
+C2  each position where the op returns ``None`` holds ``None``, and no other;
+    one tensor result is a ``DTensorSpec``, several results (or a
+    ``Tensor[]``) a tuple with one entry each, and no tensor result
+    ``output_specs=None``;
 C3  ``input_specs`` holds one ``DTensorSpec`` per tensor input (flattened
     arguments, then keyword arguments), each with that input's meta;
 C4  ``redistribute_cost`` holds one row per tensor input, as long as that
@@ -126,10 +128,16 @@ def _spec_violations(spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as
     return found
 
 
-def contract_violations(op_schema: OpSchema, strategy: StrategyType, expected: Metas) -> list[str]:
+def contract_violations(
+    op_schema: OpSchema,
+    strategy: StrategyType,
+    expected: Metas,
+    rank_local: frozenset[int] = frozenset(),
+) -> list[str]:
     """Every way ``strategy``, the answer for ``op_schema``, breaks C1-C5, each
     naming the op, the child and ``OpSpec`` index, the position and the clause.
-    ``expected`` is :func:`expected_output_metas` of ``op_schema``."""
+    ``expected`` is :func:`expected_output_metas` of ``op_schema``, and
+    ``rank_local`` holds the positions dispatch returns as local tensors."""
     op = op_schema.op
     if isinstance(strategy, TupleStrategy):
         found = []
@@ -143,7 +151,15 @@ def contract_violations(op_schema: OpSchema, strategy: StrategyType, expected: M
             found += [f"child {i}: {v}" for v in _violations(element, child, want, False)]
         return found
     as_list = any(isinstance(r.type, torch.ListType) for r in op._schema.returns)
-    return _violations(op_schema, strategy, expected, as_list)
+    found = _violations(op_schema, strategy, expected, as_list)
+    specs = strategy.strategies if isinstance(strategy, OpStrategy) else []
+    for k, spec in enumerate(specs):
+        outs = spec.output_specs if isinstance(spec.output_specs, tuple) else ()
+        for i in sorted(p for p in rank_local if p < len(outs)):
+            out = outs[i]
+            if isinstance(out, DTensorSpec) and not out.is_replicated():
+                found.append(f"{op} OpSpec {k} output {i}: C1 placed {out.placements}")
+    return found
 
 
 def _violations(op_schema: OpSchema, strategy: StrategyType, expected: Metas, as_list: bool) -> list[str]:
