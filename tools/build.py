@@ -5,6 +5,10 @@ The repository holds the change as
 
 * ``patches/torch/**.py.patch``: one unified diff per edited upstream file
   (``--- a/torch/...`` / ``+++ b/torch/...``) against pristine torch 2.14.1;
+* ``patches/test/**.py.patch``: one unified diff per edited upstream test file,
+  which the wheel does not ship, against the pytorch/pytorch version its first
+  line names (``# pytorch/pytorch test/... at commit <sha>``); exported, never
+  applied here (:func:`check_upstream_tests` checks them against a copy);
 * ``torch/**``: new upstream modules; ``test/**``: new upstream tests;
 * ``tools/stack.toml``: the PR stack, which step each file or hunk belongs to.
 
@@ -26,6 +30,9 @@ Commands (``make`` calls them; see the Makefile):
 ``check-stack``
     For each step k, a fresh overlay holding steps 1..k only; runs pytest on the
     test files of step k. Writes ``.build/check-stack.log``.
+``check-upstream-tests --dir DIR``
+    ``git apply --check`` of each ``patches/test/`` patch on its upstream file
+    in DIR (a pytorch checkout, or a folder holding the files by name).
 
 Errors are :class:`BuildError`; the command line prints them and exits 1.
 """
@@ -52,9 +59,10 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TORCH_VERSION = "2.14.1"
-#: Directories of the stock torch an overlay holds as real copies; everything the
-#: change patches or adds under torch/ must lie in one of them.
+#: Directories and single files of the stock torch an overlay holds as real copies;
+#: everything the change patches or adds under torch/ must be or lie in one of them.
 OVERLAY_DIRS: tuple[str, ...] = ("torch/distributed/tensor", "torch/testing/_internal/distributed")
+OVERLAY_FILES: tuple[str, ...] = ("torch/testing/_internal/common_methods_invocations.py",)
 STAMP_NAME = ".build-stamp"
 OVERLAY_PTH = "_stock_site.pth"
 
@@ -75,6 +83,7 @@ STEP_KEYS = {"slug", "title", "files", "run", "what", "why", "test_plan", "close
 REQUIRED_TEXT = ("what", "why", "test_plan")
 _SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_UPSTREAM_RE = re.compile(r"# pytorch/pytorch (\S+) at commit ([0-9a-f]{40})")
 _SUMMARY_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b")
 
 Log = Callable[[str], None]
@@ -236,6 +245,36 @@ def parse_patch(text: str, source: str) -> FilePatch:
     return FilePatch(source, old[2:], tuple(hunks))
 
 
+@dataclasses.dataclass(frozen=True)
+class UpstreamTest:
+    """An edit to an upstream test file, which the wheel does not ship."""
+
+    patch: FilePatch
+    commit: str  # the pytorch/pytorch commit whose file the patch applies to
+    hunks: str  # the patch's text from its first ``@@`` line on
+
+    def git_diff(self) -> str:
+        """The patch as a ``git apply``-able entry of a PR."""
+        rel = self.patch.path
+        return f"diff --git a/{rel} b/{rel}\n--- a/{rel}\n+++ b/{rel}\n{self.hunks}"
+
+
+def parse_upstream_test(text: str, source: str) -> UpstreamTest:
+    """Parse a ``patches/test/`` patch: a line naming the upstream version, then a one-file diff.
+
+    ``git apply`` skips that first line, so the patch file applies as it is.
+    """
+    lines = split_lines(text if text.endswith("\n") else text + "\n")
+    match = _UPSTREAM_RE.fullmatch(lines[0].rstrip("\n"))
+    if match is None or len(lines) < 2 or not lines[1].startswith("--- "):
+        raise BuildError(f"{source}: the first line must name the upstream version, `# pytorch/pytorch <path> "
+                         "at commit <40 hex digits>`, and the `--- a/<path>` header follow it")
+    patch = parse_patch(text, source)
+    if match[1] != patch.path:
+        raise BuildError(f"{source}: its first line names {match[1]}, its headers {patch.path}")
+    return UpstreamTest(patch, match[2], "".join(lines[3:]))
+
+
 def apply_hunks(patch: FilePatch, original: str, only: Iterable[int] | None = None) -> str:
     """``original`` with the hunks ``only`` (default: all) of ``patch`` applied.
 
@@ -276,10 +315,11 @@ def is_test_side(rel: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Change:
-    """Everything the repo changes: parsed patches and new files (path -> bytes)."""
+    """Everything the repo changes: parsed patches, new files (path -> bytes), upstream test edits."""
 
     patches: dict[str, FilePatch]
     new_files: dict[str, bytes]
+    upstream_tests: dict[str, UpstreamTest] = dataclasses.field(default_factory=dict)
 
     def originals(self, site: Path) -> dict[str, str]:
         """The pristine text of every patched file, verified against RECORD (new files must not be in it)."""
@@ -304,19 +344,27 @@ class Change:
 
 def read_change(root: Path) -> Change:
     patches: dict[str, FilePatch] = {}
+    upstream_tests: dict[str, UpstreamTest] = {}
     for path in walk(root / "patches"):
         rel = path.relative_to(root / "patches").as_posix()
-        if not (rel.startswith("torch/") and rel.endswith(".patch")):
-            raise BuildError(f"{path}: patches/ holds only torch/<upstream path>.patch files")
-        patch = parse_patch(decode(path.read_bytes(), str(path)), f"patches/{rel}")
+        text = decode(path.read_bytes(), str(path))
+        if rel.startswith("torch/") and rel.endswith(".patch"):
+            patch = parse_patch(text, f"patches/{rel}")
+            patches[patch.path] = patch
+        elif rel.endswith(".patch") and is_test_file(rel[:-len(".patch")]):
+            upstream = parse_upstream_test(text, f"patches/{rel}")
+            patch = upstream.patch
+            upstream_tests[patch.path] = upstream
+        else:
+            raise BuildError(f"{path}: patches/ holds only torch/<upstream path>.patch and "
+                             "test/<upstream test path>.patch files")
         if patch.path != rel[:-len(".patch")]:
             raise BuildError(f"{path}: its headers name {patch.path}, its location {rel[:-len('.patch')]}")
-        patches[patch.path] = patch
     new_files = {p.relative_to(root).as_posix(): p.read_bytes() for d in ("torch", "test") for p in walk(root / d)}
-    both = sorted(set(patches) & set(new_files))
+    both = sorted((set(patches) | set(upstream_tests)) & set(new_files))
     if both:
         raise BuildError(f"both patched and added as new files: {', '.join(both)}")
-    return Change(patches, new_files)
+    return Change(patches, new_files, upstream_tests)
 
 
 # --- The stack (tools/stack.toml) --------------------------------------------
@@ -332,6 +380,7 @@ class Step:
     new: tuple[str, ...]  # new files this step adds
     run: tuple[str, ...]  # earlier test files to run at this step (stack.toml's `run`)
     tests: tuple[str, ...] = ()  # the test files check-stack runs at this step
+    upstream_tests: tuple[str, ...] = ()  # upstream test files this step edits (exported only)
 
     @property
     def name(self) -> str:
@@ -349,7 +398,7 @@ def _hunk_set(spec: str, where: str) -> frozenset[int]:
 
 
 def load_stack(path: Path, change: Change) -> list[Step]:
-    """Parse ``stack.toml`` and check that it places every hunk and new file exactly once."""
+    """Parse ``stack.toml`` and check that it places every hunk, new file and upstream test edit exactly once."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -381,6 +430,7 @@ def load_stack(path: Path, change: Change) -> list[Step]:
             raise BuildError(f"{where}: `files` is empty")
         hunks: dict[str, set[int]] = {}
         new: list[str] = []
+        upstream: list[str] = []
         for item in files:
             rel, _, spec = item.partition("#")
             if rel in change.patches:
@@ -393,21 +443,23 @@ def load_stack(path: Path, change: Change) -> list[Step]:
                         problems.append(f"{where}: hunk #{h} of {rel} is already in step {owner[rel, h]}")
                     owner[rel, h] = slug
                 hunks.setdefault(rel, set()).update(chosen)
-            elif rel in change.new_files and not spec:
+            elif (rel in change.new_files or rel in change.upstream_tests) and not spec:
                 if (rel, 0) in owner:
                     problems.append(f"{where}: {rel} is already in step {owner[rel, 0]}")
                 owner[rel, 0] = slug
-                new.append(rel)
+                (new if rel in change.new_files else upstream).append(rel)
             else:
                 problems.append(f"{where}: {item} is neither patched (patches/{rel}.patch) nor a new file "
-                                "under torch/ or test/ (hunks can only be chosen from patches)")
+                                "under torch/ or test/ (hunks can only be chosen from patches/torch/)")
         steps.append(Step(number, slug, title.strip(), {k: v.strip() for k, v in text.items()},
-                          {r: frozenset(h) for r, h in hunks.items()}, tuple(new), tuple(run)))
+                          {r: frozenset(h) for r, h in hunks.items()}, tuple(new), tuple(run),
+                          upstream_tests=tuple(upstream)))
     for rel, patch in sorted(change.patches.items()):
         missing = [h.index for h in patch.hunks if (rel, h.index) not in owner]
         if missing:
             problems.append(f"hunk(s) {', '.join(f'#{h}' for h in missing)} of {rel} are in no step")
-    problems += [f"{rel} is in no step" for rel in sorted(change.new_files) if (rel, 0) not in owner]
+    problems += [f"{rel} is in no step" for rel in sorted({*change.new_files, *change.upstream_tests})
+                 if (rel, 0) not in owner]
     if problems:
         raise BuildError(f"{path} does not place the change exactly once:\n  " + "\n  ".join(problems))
     return _assign_tests(path, steps)
@@ -480,9 +532,10 @@ def ensure_stock(root: Path, stock: Path, pip_args: Sequence[str], log: Log) -> 
 
 
 def make_overlay(stock: Path, venv: Path, files: Mapping[str, bytes]) -> Path:
-    """A new venv at ``venv`` seeing the stock torch but for real copies of :data:`OVERLAY_DIRS`.
+    """A new venv at ``venv`` seeing the stock torch but for real copies of :data:`OVERLAY_DIRS` and
+    :data:`OVERLAY_FILES`.
 
-    Directories on the way down to a copied one are real, their other entries
+    Directories on the way down to a copy are real, their other entries
     symlinks into the stock install; torch's dist-info is linked (its RECORD
     stays readable) and a ``.pth`` puts the stock site-packages after the
     overlay's. Then ``files`` (``torch/...``) are written into the copies.
@@ -490,22 +543,27 @@ def make_overlay(stock: Path, venv: Path, files: Mapping[str, bytes]) -> Path:
     """
     stock_site = site_packages(stock)
     record = load_record(stock_site)
-    outside = [rel for rel in files if not any(rel.startswith(d + "/") for d in OVERLAY_DIRS)]
+    outside = [rel for rel in files
+               if rel not in OVERLAY_FILES and not any(rel.startswith(d + "/") for d in OVERLAY_DIRS)]
     if outside:
-        raise BuildError(f"only files under {' and '.join(OVERLAY_DIRS)} can be patched or added: {', '.join(outside)}")
+        raise BuildError(f"only files under {' and '.join(OVERLAY_DIRS)} and {', '.join(OVERLAY_FILES)} can be "
+                         f"patched or added: {', '.join(outside)}")
     if venv.exists():
         shutil.rmtree(venv)
     subprocess.run([str(stock / "bin" / "python"), "-m", "venv", "--without-pip", str(venv)], check=True)
     site = site_packages(venv)
-    parents = {"/".join(Path(d).parts[:n]) for d in OVERLAY_DIRS for n in range(1, len(Path(d).parts))}
+    copies = OVERLAY_DIRS + OVERLAY_FILES
+    parents = {"/".join(Path(d).parts[:n]) for d in copies for n in range(1, len(Path(d).parts))}
     for rel in sorted(parents, key=lambda r: r.count("/")):
         (site / rel).mkdir(parents=True, exist_ok=True)
         for entry in sorted((stock_site / rel).iterdir()):
             child = f"{rel}/{entry.name}"
-            if child not in parents and child not in OVERLAY_DIRS and entry.name != "__pycache__":
+            if child not in parents and child not in copies and entry.name != "__pycache__":
                 (site / child).symlink_to(entry)
     for rel in OVERLAY_DIRS:
         shutil.copytree(stock_site / rel, site / rel, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
+    for rel in OVERLAY_FILES:
+        shutil.copyfile(stock_site / rel, site / rel)
     (site / record.path.parent.name).symlink_to(record.path.parent)
     # The path line serves Python and mypy alike; the import line also runs the stock site's .pth files.
     (site / OVERLAY_PTH).write_text(f"{stock_site}\nimport site; site.addsitedir({str(stock_site)!r})\n")
@@ -580,6 +638,7 @@ def export_steps(change: Change, steps: Sequence[Step], originals: Mapping[str, 
         after = change.files(originals, *state_after(steps, k))
         diffs = {rel: file_diff(rel, before.get(rel), after[rel]) for rel in sorted(set(step.hunks) | set(step.new))
                  if before.get(rel) != after[rel]}
+        diffs.update({rel: change.upstream_tests[rel].git_diff() for rel in step.upstream_tests})
         out.append(StepExport(step, diffs, render_text(step)))
         before.update(after)
     return out
@@ -617,8 +676,14 @@ def size_table(exports: Sequence[StepExport]) -> list[str]:
     return rows
 
 
-def verify_series(originals: Mapping[str, str], patches: Sequence[Path], expected: Mapping[str, bytes]) -> None:
-    """``git apply --check`` then ``git apply`` each patch in turn on pristine files; compare the end."""
+def verify_series(originals: Mapping[str, str], patches: Sequence[Path], expected: Mapping[str, bytes],
+                  upstream_tests: Iterable[str] = ()) -> None:
+    """``git apply --check`` then ``git apply`` each patch in turn on pristine files; compare the end.
+
+    The entries for ``upstream_tests`` are left out: no copy of those files is at
+    hand (``check-upstream-tests`` checks them).
+    """
+    skip = [f"--exclude={rel}" for rel in upstream_tests]
     with tempfile.TemporaryDirectory(prefix="stack-apply-") as tmp:
         tree = Path(tmp)
         subprocess.run(["git", "init", "-q", str(tree)], check=True)
@@ -627,7 +692,8 @@ def verify_series(originals: Mapping[str, str], patches: Sequence[Path], expecte
             (tree / rel).write_bytes(text.encode())
         for patch in patches:
             for extra in (["--check"], []):
-                proc = subprocess.run(["git", "apply", *extra, str(patch)], cwd=tree, capture_output=True, text=True)
+                proc = subprocess.run(["git", "apply", *extra, *skip, str(patch)], cwd=tree, capture_output=True,
+                                      text=True)
                 if proc.returncode != 0:
                     raise BuildError(f"`git apply {' '.join(extra)}` rejects {patch.name} on pristine torch "
                                      f"{TORCH_VERSION} with the earlier steps applied:\n{proc.stderr.strip()}")
@@ -656,7 +722,7 @@ def export(root: Path, stock: Path, out: Path, log: Log) -> int:
         written.append(out / "stack" / f"{e.step.name}.patch")
         written[-1].write_text("".join(e.diffs[rel] for rel in sorted(e.diffs)))
         (out / "stack" / f"{e.step.name}.md").write_text(e.text)
-    verify_series(originals, written, change.all_files(originals))
+    verify_series(originals, written, change.all_files(originals), change.upstream_tests)
     index = ["# The PR stack", "", f"Against torch {TORCH_VERSION}; apply the patches in order.", "",
              "| # | title | lines | product | test | patch | text |", "|---|---|---|---|---|---|---|"]
     index += [f"| {e.step.number} | {e.step.title} | {e.lines} | {e.product} | {e.tests} | "
@@ -727,14 +793,54 @@ def check_stack(root: Path, stock: Path, only: Sequence[str], timeout: float, lo
     return 1 if failed else 0
 
 
+# --- check-upstream-tests ----------------------------------------------------
+
+
+def check_upstream_tests(root: Path, directory: Path, log: Log) -> int:
+    """``git apply --check`` of each ``patches/test/`` patch, as exported, on its file in ``directory``.
+
+    ``directory`` is a pytorch checkout (``test/...`` under it) or a folder of the
+    files by name; they should be the versions the patches' first lines name.
+    Offsets ``git apply`` allows are shown: they mean another version.
+    """
+    if not directory.is_dir():
+        raise BuildError(f"check-upstream-tests: {directory} is not a directory")
+    change = read_change(root)
+    failed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="upstream-tests-") as tmp:
+        tree = Path(tmp)
+        subprocess.run(["git", "init", "-q", str(tree)], check=True)
+        for rel, upstream in sorted(change.upstream_tests.items()):
+            name = f"check-upstream-tests: patches/{rel}.patch (commit {upstream.commit})"
+            found = next((p for p in (directory / rel, directory / Path(rel).name) if p.is_file()), None)
+            if found is None:
+                failed.append(rel)
+                log(f"{name}: FAIL, {directory} holds neither {rel} nor {Path(rel).name}")
+                continue
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(found, tree / rel)
+            (tree / "entry.patch").write_text(upstream.git_diff())
+            proc = subprocess.run(["git", "apply", "--check", "--verbose", "entry.patch"], cwd=tree,
+                                  capture_output=True, text=True)
+            ok = proc.returncode == 0
+            if not ok:
+                failed.append(rel)
+            detail = [line.strip() for line in proc.stderr.splitlines() if not ok or "offset" in line]
+            log(f"{name}: {'applies' if ok else 'FAIL'} to {found}" + "".join(f"\n    {line}" for line in detail))
+    log(f"check-upstream-tests: {len(change.upstream_tests) - len(failed)} of {len(change.upstream_tests)} "
+        "patch(es) apply" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
 # --- Command line ------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None, log: Log = lambda m: print(m, flush=True)) -> int:
     parser = argparse.ArgumentParser(prog="tools/build.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["build", "export", "check-stack"],
+    parser.add_argument("command", choices=["build", "export", "check-stack", "check-upstream-tests"],
                         help="build: both venvs; export: the PR stack into dist/; "
-                        "check-stack: each PR's tests on stock torch with the PRs up to it")
+                        "check-stack: each PR's tests on stock torch with the PRs up to it; "
+                        "check-upstream-tests: patches/test/ applied to the upstream files in --dir")
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the repository root (default: this checkout)")
     parser.add_argument("--venv", type=Path, default=None, help="the overlay venv (default: <repo>/.venv)")
     parser.add_argument("--stock-venv", type=Path, default=None, help="the pip venv (default: <repo>/.venv-stock)")
@@ -743,6 +849,8 @@ def main(argv: Sequence[str] | None = None, log: Log = lambda m: print(m, flush=
     parser.add_argument("--out", type=Path, default=None, help="export: output directory (default: <repo>/dist)")
     parser.add_argument("--steps", default="", help="check-stack: comma-separated slugs to test (default: every step)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="check-stack: seconds per step (default: 1800)")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="check-upstream-tests: a pytorch checkout or a folder of its test files by name")
     args = parser.parse_args(argv)
     root = args.repo.resolve()
     venv = (args.venv or root / ".venv").absolute()
@@ -753,6 +861,10 @@ def main(argv: Sequence[str] | None = None, log: Log = lambda m: print(m, flush=
             build(root, venv, stock, shlex.split(args.pip_args), args.force, log)
             log(f"build: done in {time.monotonic() - started:.1f} s")
             return 0
+        if args.command == "check-upstream-tests":
+            if args.dir is None:
+                raise BuildError("check-upstream-tests needs --dir DIR, a directory of upstream test files")
+            return check_upstream_tests(root, args.dir.resolve(), log)
         if not (stock / "bin" / "python").exists():
             raise BuildError(f"{stock} does not exist; run `make build`")
         if args.command == "export":

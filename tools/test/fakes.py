@@ -4,7 +4,8 @@ The stock venv is a real venv (made without pip, in a fraction of a second)
 whose site-packages holds a few-file ``torch`` 2.14.1 with its RECORD, and a
 ``.pth`` naming the running interpreter's site-packages so pytest imports in
 the overlays made from it. The repo holds patches made here with difflib, new
-files and a ``tools/stack.toml`` written by each test.
+files and a ``tools/stack.toml`` written by each test; ``patches/test/`` edits
+an upstream test file the wheel does not ship (``UPSTREAM_TEST``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ UPSTREAM: dict[str, str] = {
     "torch/testing/__init__.py": "",
     "torch/testing/_internal/__init__.py": "",
     "torch/testing/_internal/distributed/__init__.py": "",
+    "torch/testing/_internal/common_methods_invocations.py": "op_db = []\n",
 }
+
+#: An upstream test file (not in the wheel) and the version its patch names.
+UPSTREAM_TEST = "test/distributed/tensor/test_upstream.py"
+UPSTREAM_TEST_TEXT = "".join(f"def test_{i}():\n    assert {i} >= 0\n\n\n" for i in range(12))
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def record_hash(data: bytes) -> str:
@@ -49,6 +56,25 @@ def record_hash(data: bytes) -> str:
 
 def make_patch(rel: str, old: str, new: str) -> str:
     return "".join(difflib.unified_diff(bt.split_lines(old), bt.split_lines(new), f"a/{rel}", f"b/{rel}"))
+
+
+def upstream_test_edit(*tests: int) -> str:
+    """UPSTREAM_TEST_TEXT with ``test_<i>`` asserting ``<i> < 100`` for each given ``i``."""
+    text = UPSTREAM_TEST_TEXT
+    for i in tests:
+        text = text.replace(f"    assert {i} >= 0\n", f"    assert {i} < 100\n", 1)
+    return text
+
+
+def write_upstream_test(root: Path, new: str, header: str | None = None) -> Path:
+    """``patches/<UPSTREAM_TEST>.patch`` taking UPSTREAM_TEST_TEXT to ``new``, after ``header``
+    (default: the line naming ``COMMIT``)."""
+    path = root / "patches" / f"{UPSTREAM_TEST}.patch"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if header is None:
+        header = f"# pytorch/pytorch {UPSTREAM_TEST} at commit {COMMIT}\n"
+    path.write_text(header + make_patch(UPSTREAM_TEST, UPSTREAM_TEST_TEXT, new))
+    return path
 
 
 def utils_edit(*rules: int) -> str:

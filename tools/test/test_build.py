@@ -1,6 +1,7 @@
-"""Tests of `make build` (tools/build.py): patch parsing and applying, the RECORD
-check of pristine files, the repo's change, and the overlay venv with its stamps,
-on a fake stock venv (tools/test/fakes.py), without pip or a real torch.
+"""Tests of `make build` (tools/build.py): patch parsing and applying (upstream test
+patches included), the RECORD check of pristine files, the repo's change, and the
+overlay venv with its stamps, on a fake stock venv (tools/test/fakes.py), without
+pip or a real torch.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 from contextlib import redirect_stderr
 from pathlib import Path
@@ -20,9 +22,10 @@ if str(REPO_ROOT) not in sys.path:
 
 from tools import build as bt
 from tools.test import fakes
-from tools.test.fakes import UPSTREAM, UTILS, UTILS_TEXT
+from tools.test.fakes import COMMIT, UPSTREAM, UPSTREAM_TEST, UPSTREAM_TEST_TEXT, UTILS, UTILS_TEXT
 
 NEW_MODULE = "torch/testing/_internal/distributed/_tensor/contract.py"
+OP_DB = "torch/testing/_internal/common_methods_invocations.py"
 
 
 def run_python(venv: Path, code: str) -> str:
@@ -59,6 +62,32 @@ class PatchTest(unittest.TestCase):
             with self.subTest(message), self.assertRaisesRegex(bt.BuildError, r"^p\.patch.*" + re.escape(message)):
                 bt.parse_patch(text, "p.patch")
 
+    def test_upstream_test_patch(self) -> None:
+        header = f"# pytorch/pytorch {UPSTREAM_TEST} at commit {COMMIT}\n"
+        diff = fakes.make_patch(UPSTREAM_TEST, UPSTREAM_TEST_TEXT, fakes.upstream_test_edit(2, 9))
+        upstream = bt.parse_upstream_test(header + diff, "p")
+        self.assertEqual((upstream.patch.path, upstream.commit, len(upstream.patch.hunks)), (UPSTREAM_TEST, COMMIT, 2))
+        self.assertEqual(upstream.git_diff(), f"diff --git a/{UPSTREAM_TEST} b/{UPSTREAM_TEST}\n{diff}")
+        cases = [
+            (diff, "the first line must name the upstream version"),
+            (header.replace(COMMIT, COMMIT[:12]) + diff, "the first line must name the upstream version"),
+            (header + "\n" + diff, "the first line must name the upstream version"),
+            (header.replace("test_upstream", "test_other") + diff,
+             f"its first line names test/distributed/tensor/test_other.py, its headers {UPSTREAM_TEST}"),
+        ]
+        for text, message in cases:
+            with self.subTest(message), self.assertRaisesRegex(bt.BuildError, r"^p\.patch: " + re.escape(message)):
+                bt.parse_upstream_test(text, "p.patch")
+
+    def test_upstream_test_patch_file_applies_as_it_is(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = Path(tmp)
+            patch = fakes.write_upstream_test(tree / "repo", fakes.upstream_test_edit(4))
+            (tree / UPSTREAM_TEST).parent.mkdir(parents=True)
+            (tree / UPSTREAM_TEST).write_text(UPSTREAM_TEST_TEXT)
+            subprocess.run(["git", "apply", str(patch)], cwd=tree, check=True)
+            self.assertEqual((tree / UPSTREAM_TEST).read_text(), fakes.upstream_test_edit(4))
+
     def test_mismatch_names_patch_hunk_and_line(self) -> None:
         patch = bt.parse_patch(fakes.make_patch(UTILS, UTILS_TEXT, fakes.utils_edit(1, 10)), "patches/u.patch")
         with self.assertRaises(bt.BuildError) as info:
@@ -89,6 +118,21 @@ class ChangeTest(fakes.FakeStockTest):
         self.assertEqual(sorted(change.new_files), ["test/t/test_a.py", NEW_MODULE])
         (self.tmp / "patches" / f"{UTILS}.patch").rename(self.tmp / "patches" / "torch" / "distributed" / "o.py.patch")
         with self.assertRaisesRegex(bt.BuildError, f"headers name {UTILS}, its location torch/distributed/o.py"):
+            bt.read_change(self.tmp)
+
+    def test_read_change_with_upstream_tests(self) -> None:
+        fakes.write_repo(self.tmp, {UTILS: fakes.utils_edit(3)}, {}, "")
+        fakes.write_upstream_test(self.tmp, fakes.upstream_test_edit(4))
+        change = bt.read_change(self.tmp)
+        self.assertEqual((list(change.patches), list(change.upstream_tests)), ([UTILS], [UPSTREAM_TEST]))
+        self.assertEqual(change.upstream_tests[UPSTREAM_TEST].commit, COMMIT)
+        (self.tmp / UPSTREAM_TEST).parent.mkdir(parents=True)
+        (self.tmp / UPSTREAM_TEST).write_text("")
+        with self.assertRaisesRegex(bt.BuildError, f"both patched and added as new files: {UPSTREAM_TEST}"):
+            bt.read_change(self.tmp)
+        (self.tmp / UPSTREAM_TEST).unlink()
+        (self.tmp / "patches" / "test" / "helpers.py.patch").write_text("")
+        with self.assertRaisesRegex(bt.BuildError, "helpers.py.patch: patches/ holds only torch/"):
             bt.read_change(self.tmp)
 
     def test_new_file_may_not_replace_an_upstream_file(self) -> None:
@@ -124,6 +168,21 @@ class BuildTest(fakes.FakeStockTest):
         fakes.write_repo(root, {UTILS: fakes.utils_edit(2, 9)}, {}, "")
         self.assertTrue(bt.build(root, venv, self.stock, [], False, log))
         self.assertEqual(run_python(venv, "import torch.distributed.tensor._ops.utils as u; print(u.rule_9())"), "-9")
+
+    def test_patched_single_file_and_an_upstream_test_patch(self) -> None:
+        root = self.repo(fakes.utils_edit(2), {})
+        fakes.write_repo(root, {OP_DB: "op_db = [1]\n"}, {}, "")
+        fakes.write_upstream_test(root, fakes.upstream_test_edit(4))
+        venv, log = root / ".venv", fakes.Log()
+        self.assertTrue(bt.build(root, venv, self.stock, [], False, log))
+        self.assertEqual(log[-1], "build: .venv holds 2 patched and 0 new module(s) over stock")
+        site = bt.site_packages(venv)
+        self.assertFalse((site / OP_DB).is_symlink())
+        self.assertTrue((site / "torch" / "testing" / "_internal" / "__init__.py").is_symlink())
+        self.assertEqual(run_python(venv, "from torch.testing._internal.common_methods_invocations import op_db; "
+                                          "print(op_db)"), "[1]")
+        self.assertEqual((bt.site_packages(self.stock) / OP_DB).read_text(), UPSTREAM[OP_DB])
+        self.assertEqual(list(venv.rglob(Path(UPSTREAM_TEST).name)), [])
 
     def test_stops_on_a_patch_that_does_not_apply(self) -> None:
         root = self.repo(fakes.utils_edit(2, 12), {})

@@ -1,15 +1,19 @@
-"""Tests of the PR stack (tools/build.py with tools/stack.toml): placing every hunk
-and new file in exactly one step, `make export` (patches that `git apply` in order,
-PR texts, the size table and each rule that fails it) and `make check-stack`
-(steps 1..k on a fresh overlay, each test file run once), on a fake stock venv.
+"""Tests of the PR stack (tools/build.py with tools/stack.toml): placing every hunk,
+new file and upstream test edit in exactly one step, `make export` (patches that
+`git apply` in order, PR texts, the size table and each rule that fails it), `make
+check-stack` (steps 1..k on a fresh overlay, each test file run once) and
+`check-upstream-tests`, on a fake stock venv. With UPSTREAM_TESTS_DIR set to a
+directory of the upstream test files, the repo's own patches/test/ are checked too.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import unittest
 from contextlib import redirect_stderr
 from pathlib import Path
@@ -20,7 +24,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from tools import build as bt
 from tools.test import fakes
-from tools.test.fakes import UTILS, UTILS_TEXT, step_toml
+from tools.test.fakes import COMMIT, UPSTREAM_TEST, UPSTREAM_TEST_TEXT, UTILS, UTILS_TEXT, step_toml
 
 MODULE = "torch/testing/_internal/distributed/_tensor/contract.py"
 TEST_ONE = "test/distributed/tensor/test_one.py"
@@ -113,6 +117,25 @@ class ManifestTest(fakes.FakeStockTest):
         (self.tmp / "tools" / "stack.toml").write_text(stack)
         self.assert_fails(f"run entry {TEST_TWO} is only added by step 2")
 
+    def test_upstream_test_edits(self) -> None:
+        fakes.write_repo(self.tmp, {}, {TEST_ONE: "", TEST_TWO: ""},
+                         step_toml("one", [TEST_ONE, UPSTREAM_TEST]) + step_toml("two", [TEST_TWO]))
+        fakes.write_upstream_test(self.tmp, fakes.upstream_test_edit(1))
+        self.assertEqual([(s.new, s.upstream_tests, s.tests) for s in self.load()], [
+            ((TEST_ONE,), (UPSTREAM_TEST,), (TEST_ONE,)),
+            ((TEST_TWO,), (), (TEST_TWO,)),
+        ])
+        cases = [
+            ([TEST_ONE], [TEST_TWO], f"{UPSTREAM_TEST} is in no step"),
+            ([TEST_ONE, UPSTREAM_TEST], [TEST_TWO, UPSTREAM_TEST], f"{UPSTREAM_TEST} is already in step one"),
+            ([TEST_ONE, f"{UPSTREAM_TEST}#1"], [TEST_TWO], "hunks can only be chosen from patches/torch/"),
+            ([TEST_ONE, TEST_TWO], [UPSTREAM_TEST], "step 2 (two) has no test file to run"),
+        ]
+        for one, two, message in cases:
+            with self.subTest(message):
+                (self.tmp / "tools" / "stack.toml").write_text(step_toml("one", one) + step_toml("two", two))
+                self.assert_fails(message)
+
     def test_bad_step_tables(self) -> None:
         fakes.write_repo(self.tmp, {}, {TEST_ONE: ""}, step_toml("One", [TEST_ONE]))
         self.assert_fails("slug must be unique")
@@ -147,6 +170,26 @@ class ExportTest(fakes.FakeStockTest):
             subprocess.run(["git", "apply", str(out / "stack" / name)], cwd=tree, check=True)
         self.assertEqual((tree / UTILS).read_text(), fakes.utils_edit(1, 10, 18))
         self.assertEqual((tree / TEST_TWO).read_text(), TEST_TWO_TEXT)
+
+    def test_exports_an_upstream_test_edit_whole(self) -> None:
+        root, out, log = two_step_repo(self.tmp / "repo"), self.tmp / "dist", fakes.Log()
+        stack = step_toml("one", [f"{UTILS}#1", MODULE, TEST_ONE])
+        (root / "tools" / "stack.toml").write_text(stack + step_toml("two", [f"{UTILS}#2-3", TEST_TWO, UPSTREAM_TEST]))
+        fakes.write_upstream_test(root, fakes.upstream_test_edit(3, 7))
+        self.assertEqual(bt.export(root, self.stock, out, log), 0, log.text)
+        self.assertEqual(log[2].split(), ["2", "two", "13", "4", "9"])
+        self.assertNotIn(UPSTREAM_TEST, (out / "stack" / "0001-one.patch").read_text())
+        entry = f"diff --git a/{UPSTREAM_TEST} b/{UPSTREAM_TEST}\n" + fakes.make_patch(
+            UPSTREAM_TEST, UPSTREAM_TEST_TEXT, fakes.upstream_test_edit(3, 7))
+        self.assertIn(entry, (out / "stack" / "0002-two.patch").read_text())
+        tree = self.tmp / "tree"
+        for rel, text in ((UTILS, UTILS_TEXT), (UPSTREAM_TEST, UPSTREAM_TEST_TEXT)):
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tree / rel).write_text(text)
+        for name in ("0001-one.patch", "0002-two.patch"):
+            subprocess.run(["git", "apply", str(out / "stack" / name)], cwd=tree, check=True)
+        self.assertEqual((tree / UPSTREAM_TEST).read_text(), fakes.upstream_test_edit(3, 7))
+        self.assertEqual((tree / UTILS).read_text(), fakes.utils_edit(1, 10, 18))
 
     def test_fails_on_size_rules(self) -> None:
         cases = [
@@ -209,6 +252,57 @@ class CheckStackTest(fakes.FakeStockTest):
         self.assertEqual(bt.summarize("x\n=== 3 passed, 1 skipped, 2 warnings in 0.52s ===\n"), "3 passed, 1 skipped")
         self.assertEqual(bt.summarize("no tests ran in 0.01s\n"), "no tests ran")
         self.assertEqual(bt.summarize("Traceback\n"), "no pytest summary")
+
+
+class CheckUpstreamTestsTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.tmp = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        self.root = fakes.write_repo(self.tmp / "repo", {}, {TEST_ONE: ""}, step_toml("one", [TEST_ONE, UPSTREAM_TEST]))
+        fakes.write_upstream_test(self.root, fakes.upstream_test_edit(3, 7))
+
+    def check(self, directory: Path, files: dict[str, str]) -> tuple[int, fakes.Log]:
+        for rel, text in files.items():
+            (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+            (directory / rel).write_text(text)
+        log = fakes.Log()
+        return bt.check_upstream_tests(self.root, directory, log), log
+
+    def test_applies_to_a_folder_by_name_or_a_checkout(self) -> None:
+        name = f"check-upstream-tests: patches/{UPSTREAM_TEST}.patch (commit {COMMIT})"
+        code, log = self.check(self.tmp / "flat", {"test_upstream.py": UPSTREAM_TEST_TEXT})
+        self.assertEqual((code, log), (0, [f"{name}: applies to {self.tmp / 'flat' / 'test_upstream.py'}",
+                                           "check-upstream-tests: 1 of 1 patch(es) apply"]))
+        code, log = self.check(self.tmp / "checkout", {UPSTREAM_TEST: "import os\n" + UPSTREAM_TEST_TEXT})
+        self.assertEqual(code, 0, log.text)
+        hunks = bt.read_change(self.root).upstream_tests[UPSTREAM_TEST].patch.hunks
+        self.assertEqual(log[0], f"{name}: applies to {self.tmp / 'checkout' / UPSTREAM_TEST}" + "".join(
+            f"\n    Hunk #{h.index} succeeded at {h.old_start + 1} (offset 1 line)." for h in hunks))
+
+    def test_fails_on_another_version_or_no_file(self) -> None:
+        code, log = self.check(self.tmp / "flat", {"test_upstream.py": UPSTREAM_TEST_TEXT.replace("7 >= 0", "7 > -1")})
+        self.assertEqual(code, 1)
+        self.assertIn(f"patches/{UPSTREAM_TEST}.patch (commit {COMMIT}): FAIL to ", log[0])
+        self.assertIn(f"error: patch failed: {UPSTREAM_TEST}:", log[0])
+        self.assertEqual(log[-1], f"check-upstream-tests: 0 of 1 patch(es) apply; FAILED: {UPSTREAM_TEST}")
+        (self.tmp / "empty").mkdir()
+        code, log = self.check(self.tmp / "empty", {})
+        self.assertEqual(code, 1)
+        self.assertIn(f"FAIL, {self.tmp / 'empty'} holds neither {UPSTREAM_TEST} nor test_upstream.py", log[0])
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(bt.main(["check-upstream-tests", "--repo", str(self.root)]), 1)
+        self.assertIn("check-upstream-tests needs --dir DIR", err.getvalue())
+        with self.assertRaisesRegex(bt.BuildError, "is not a directory"):
+            bt.check_upstream_tests(self.root, self.tmp / "missing", fakes.Log())
+
+
+@unittest.skipUnless(os.environ.get("UPSTREAM_TESTS_DIR"),
+                     "set UPSTREAM_TESTS_DIR to a directory of the upstream test files patches/test/ edits")
+class RepoUpstreamTestsTest(unittest.TestCase):
+    def test_the_repo_patches_apply(self) -> None:
+        log = fakes.Log()
+        code = bt.check_upstream_tests(REPO_ROOT, Path(os.environ["UPSTREAM_TESTS_DIR"]), log)
+        self.assertEqual(code, 0, log.text)
 
 
 if __name__ == "__main__":
