@@ -370,6 +370,13 @@ class _Judge:
         return FormatState(rel, text, pristine, tuple(found), at)
 
 
+def _adds_lines(patch: build.FilePatch) -> bool:
+    """Whether a patch adds or changes any line (removals alone add none)."""
+    return any(
+        line not in hunk.old_lines for hunk in patch.hunks for line in hunk.new_lines
+    )
+
+
 def format_states(root: Path, stock_site: Path, fmt: Formatter) -> list[FormatState]:
     """The stack's files, formatted: every new ``.py`` file, every patched file
     as the whole patch leaves it, and, for a patched file whose whole patch is
@@ -386,6 +393,8 @@ def format_states(root: Path, stock_site: Path, fmt: Formatter) -> list[FormatSt
         if rel.endswith(".py")
     ]
     for rel, patch in sorted(change.patches.items()):
+        if not _adds_lines(patch):
+            continue  # a patch that only removes lines leaves upstream's formatting
         states.append(
             judge(rel, originals[rel], build.apply_hunks(patch, originals[rel]))
         )
@@ -519,7 +528,8 @@ def collect(root: Path, site: Path) -> Targets:
     patched: dict[str, Path] = {}
     added: dict[str, set[int]] = {}
     patches = root / "patches"
-    for patch in sorted(patches.rglob("*.py.patch")):
+    # patches/test/ edits upstream test files that are not installed
+    for patch in sorted((patches / "torch").rglob("*.py.patch")):
         rel = patch.relative_to(patches).as_posix()[: -len(".patch")]
         installed = site / rel
         if not installed.is_file():
