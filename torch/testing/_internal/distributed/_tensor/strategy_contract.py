@@ -328,12 +328,13 @@ class Capture:
     """The distinct aten calls with a tensor argument that a registry answers,
     at most ``per_op`` of an op (``composites``: also of the composite ops no
     registry holds, which dispatch decomposes), and the runs that raised:
-    ``failures`` maps a run (``"<source> <sample>"``) to ``"Type: message"``,
-    ``reruns`` to what repeats it."""
+    ``failures`` maps a run (``"<source> <variant> <sample>"``) to ``"Type:
+    message"``, ``reruns`` to what repeats it."""
 
     per_op: int | None = None
     composites: bool = True
     calls: list[Call] = dataclasses.field(default_factory=list)
+    opinfos: int = 0
     runs: int = 0
     failures: dict[str, str] = dataclasses.field(default_factory=dict)
     reruns: dict[str, Callable[[], Any]] = dataclasses.field(default_factory=dict)
@@ -351,6 +352,10 @@ class Capture:
             except Exception as e:
                 self._metas[i] = e
         return self._metas[i]
+
+    def failure_counts(self) -> collections.Counter:
+        """Failed runs per variant (``samples``: making the samples)."""
+        return collections.Counter(run.rsplit(" ", 2)[-2] for run in self.failures)
 
     def full(self, op: OpOverload) -> bool:
         return self.per_op is not None and self._count[op] >= self.per_op
@@ -389,7 +394,7 @@ class Capture:
                     fn = functools.partial(
                         _run_derived, op, other, outs, numbers, args, kwargs
                     )
-                    self.run(f"{source}, derived {other} 0", fn)
+                    self.run(f"{source}, {other} derived 0", fn)
 
 
 def _where(opinfo: Any) -> tuple[str, torch.dtype] | None:
@@ -436,9 +441,10 @@ def capture_opinfo(
     """Runs the first ``samples`` samples of ``opinfo`` in each of ``variants``
     (``derived`` aside: :meth:`Capture.derive` runs it)."""
     name = f"{opinfo.name}.{opinfo.variant_test_name}".rstrip(".")
+    capture.opinfos += 1
     where = _where(opinfo)
     if where is None:
-        capture.failures[f"{name} samples"] = "no dtype on CPU or CUDA"
+        capture.failures[f"{name} samples 0"] = "no dtype on CPU or CUDA"
         return
     device, dtype = where
     foreach = isinstance(opinfo, ForeachFuncInfo)
@@ -457,7 +463,7 @@ def capture_opinfo(
         found = opinfo.sample_inputs_func(opinfo, device, dtype, grad, **kwargs)
         return list(itertools.islice(found, samples))
 
-    for i, s in enumerate(capture.run(f"{name} samples", make) or ()):
+    for i, s in enumerate(capture.run(f"{name} samples 0", make) or ()):
         inputs = (s.input, s.args, s.kwargs)
         forward = functools.partial(opinfo.op, s.input, *s.args, **s.kwargs)
         out = capture.run(f"{name} forward {i}", forward)
@@ -634,19 +640,25 @@ def capture_calls(
     by_hand: bool = True,
     per_op: int | None = None,
     composites: bool = True,
+    names: set[str] | None = None,
 ) -> Capture:
     """The distinct aten calls that the first ``samples`` samples of ``opinfos``
     (default: :func:`opinfo_databases`; a foreach OpInfo: all its samples) make
     in each of ``variants``, and (``by_hand``) :func:`_by_hand`'s runs; at most
-    ``per_op`` calls of an op (``composites``: see :class:`Capture`)."""
+    ``per_op`` calls of an op (``composites``: see :class:`Capture`). ``names``
+    keeps the OpInfos and runs by hand of those names."""
     capture = Capture(per_op, composites)
     pairs = opinfo_databases() if opinfos is None else [(o, variants) for o in opinfos]
     for opinfo, chosen in pairs:
+        full = f"{opinfo.name}.{opinfo.variant_test_name}".rstrip(".")
+        if names is not None and not names & {opinfo.name, full}:
+            continue
         foreach = isinstance(opinfo, ForeachFuncInfo)
         chosen = tuple(v for v in chosen if v in variants)
         capture_opinfo(capture, opinfo, None if foreach else samples, chosen)
     for source, record in _by_hand().items() if by_hand else ():
-        capture.run(f"{source} 0", lambda: None, record)
+        if names is None or source in names:
+            capture.run(f"{source} by_hand 0", lambda: None, record)
     if "derived" in variants:
         capture.derive()
     return capture
