@@ -12,6 +12,7 @@ import importlib.util
 import itertools
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 CHECKER = Path(__file__).resolve().parents[2] / "torch/testing/_internal/distributed/_tensor/strategy_contract.py"
 PLANNER_CANDIDATES = 6  # per input: enough to mix Replicate and Shard on every mesh dim, cheap to expand
-QUERY_TIMEOUT_S = 60
+QUERY_TIMEOUT_S = 20  # a planner waiting longer than this for one answer has no answer
 MESSAGE_CHARS = 300
 Call = tuple[Any, tuple, dict]  # (op, args, kwargs) with tensors as TensorMeta
 
@@ -116,8 +117,12 @@ class NoStrategy(Exception):
         self.category = category
 
 
+class QueryTimeout(BaseException):
+    """A query that took too long; not an Exception, so no strategy's ``except Exception`` swallows it."""
+
+
 def _expire(signum: int, frame: Any) -> None:
-    raise TimeoutError(f"no answer within {QUERY_TIMEOUT_S}s")
+    raise QueryTimeout(f"no answer within {QUERY_TIMEOUT_S}s")
 
 
 def placements(meta: TensorMeta, mesh: DeviceMesh, mode: str) -> list[tuple[Placement, ...]]:
@@ -204,8 +209,6 @@ def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
         try:
             answer = prop.decomp_strategy.propagate_strategy(runtime, metas)
         except Exception as e:  # dispatch turns this into "no sharding strategy registered"
-            if isinstance(e, TimeoutError):
-                raise
             composite = torch._C._dispatch_has_kernel_for_dispatch_key(
                 op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
             then = "dispatch decomposes the composite op instead" if composite else "dispatch reports no strategy"
@@ -238,6 +241,8 @@ def judge(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str,
         answer = query(schema, mesh, mode)
     except NoStrategy as e:
         return e.category, str(e), set()
+    except QueryTimeout as e:
+        return "error", message(e), set()
     except Exception as e:
         chain: list[BaseException] = []
         cur: BaseException | None = e
@@ -264,37 +269,61 @@ def judge(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str,
     return "violation", " ".join(found[0].split()) + more, clauses(found)
 
 
-def run(checker: ModuleType, calls: list[Call], modes: list[str], meshes: dict[str, DeviceMesh]) -> list[dict]:
+class Restart(Exception):
+    """A query timed out: the worker saved its progress and goes on in a fresh process, since an
+    interrupted strategy may leave state behind (a mode on a stack, a half-filled cache)."""
+
+
+def _fresh(keys: list[tuple[str, str]]) -> dict[str, Any]:
+    return {"next_call": 0, "next_key": 0, "timed_out": {}, "results": {
+        " ".join(k): {"counts": dict.fromkeys((*CATEGORIES, *CLAUSES), 0), "ops": [], "by_call": {},
+                      "examples": {c: {} for c in CATEGORIES[1:]}} for k in keys}}
+
+
+def run(checker: ModuleType, calls: list[Call], modes: list[str], meshes: dict[str, DeviceMesh],
+        progress: Path) -> list[dict]:
     """Per (mode, mesh): counts per category and clause, each op's first example per category, and
-    each call's category where it is not ok (keyed by its text, which stock and built share)."""
-    counts = {k: dict.fromkeys((*CATEGORIES, *CLAUSES), 0) for k in itertools.product(modes, meshes)}
-    examples: dict[tuple, dict[str, dict[str, dict[str, str]]]] = {k: {c: {} for c in CATEGORIES[1:]} for k in counts}
-    by_call: dict[tuple, dict[str, str]] = {k: {} for k in counts}
-    ops: dict[tuple, set[str]] = {k: set() for k in counts}
+    each call's category where it is not ok (keyed by its text, which stock and built share).
+    Starts from ``progress`` when it exists; raises Restart after saving it when a query times out."""
+    keys = list(itertools.product(modes, meshes))
+    state = json.loads(progress.read_text()) if progress.exists() else _fresh(keys)
     started = time.monotonic()
-    for i, call in enumerate(calls):
+    for i in range(state["next_call"], len(calls)):
+        call = calls[i]
         if i % 500 == 0:
             print(f"[worker] call {i}/{len(calls)} at {time.monotonic() - started:.0f}s", flush=True)
         expected: list[Any] = []
         text = describe_call(*call)
-        for key in counts:
-            category, message_text, broken = judge(checker, call, meshes[key[1]], key[0], expected)
-            counts[key][category] += 1
-            ops[key].add(str(call[0]))
+        for j, key in enumerate(keys):
+            if i == state["next_call"] and j < state["next_key"]:
+                continue  # asked before the restart
+            r, skip = state["results"][" ".join(key)], " ".join((*key, str(call[0])))
+            if skip in state["timed_out"]:
+                category, message_text, broken = "error", f"not asked: {state['timed_out'][skip]} timed out", set()
+            else:
+                category, message_text, broken = judge(checker, call, meshes[key[1]], key[0], expected)
+            r["counts"][category] += 1
+            r["ops"] = sorted({*r["ops"], str(call[0])})
             for clause in broken:
-                counts[key][clause] += 1
+                r["counts"][clause] += 1
             if category != "ok":
-                by_call[key][text] = category
+                r["by_call"][text] = category
                 where = text if len(text) <= 160 else text[:157] + "..."
-                examples[key][category].setdefault(str(call[0]), {"call": where, "message": message_text})
+                r["examples"][category].setdefault(str(call[0]), {"call": where, "message": message_text})
+            if message_text.startswith(QueryTimeout.__name__):
+                state["timed_out"][skip] = text[:120]
+                state["next_call"], state["next_key"] = i, j + 1
+                progress.write_text(json.dumps(state))
+                raise Restart(f"call {i} ({text[:120]}) timed out in {' '.join(key)}")
     return [{"mode": mode, "mesh": mesh,
-             "counts": {"ops": len(ops[(mode, mesh)]), "queries": len(calls), **counts[(mode, mesh)]},
-             "examples": {c: dict(sorted(ex.items())) for c, ex in examples[(mode, mesh)].items()},
-             "by_call": by_call[(mode, mesh)]}
-            for mode, mesh in counts]
+             "counts": {"ops": len(r["ops"]), "queries": len(calls), **r["counts"]},
+             "examples": {c: dict(sorted(ex.items())) for c, ex in r["examples"].items()},
+             "by_call": r["by_call"]}
+            for (mode, mesh), r in ((k, state["results"][" ".join(k)]) for k in keys)]
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--ops", default=None, help="OpInfo (or run by hand) names, comma-separated (unset: all)")
@@ -302,7 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--meshes", default=",".join(MESHES), help="mesh shapes, comma-separated")
     ap.add_argument("--samples", type=int, default=6, help="samples per OpInfo")
     ap.add_argument("--per-op", type=int, default=4, help="distinct calls asked per op at most (0: all)")
+    ap.add_argument("--resume", action="store_true", help="go on from <out>.progress (after a timed-out query)")
     args = ap.parse_args(argv)
+    progress = Path(args.out + ".progress")
+    if not args.resume:
+        progress.unlink(missing_ok=True)
     warnings.filterwarnings("ignore")
     logging.disable(logging.CRITICAL)  # fake tensors log every kernel they cannot run
     torch.set_num_threads(1)
@@ -317,9 +350,17 @@ def main(argv: list[str] | None = None) -> int:
     names = {n.strip() for n in (args.ops or "").split(",") if n.strip()} or None
     calls, stats = capture(checker, names, args.samples, args.per_op or None)
     print(f"[worker] captured {len(calls)} calls in {time.monotonic() - started:.0f}s", flush=True)
+    try:
+        results = run(checker, calls, args.modes.split(","), meshes, progress)
+    except Restart as e:
+        print(f"[worker] {e}; going on in a fresh process", flush=True)
+        dist.destroy_process_group()
+        os.execv(sys.executable, [sys.executable, "-m", "tools.audit.worker", *argv,
+                                  *([] if args.resume else ["--resume"])])
     doc = {"torch": torch.__version__, "capture": stats, "calls": [describe_call(*c) for c in calls],
-           "results": run(checker, calls, args.modes.split(","), meshes)}
+           "results": results}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    progress.unlink(missing_ok=True)
     print(f"[worker] done in {time.monotonic() - started:.0f}s", flush=True)
     dist.destroy_process_group()
     return 0

@@ -68,8 +68,10 @@ class TestStrategyContract(StrategyContractTestCase):
         for i, (name, op, args, kwargs) in enumerate(self.capture.calls):
             schema = strategy_schema(op, args, kwargs, self.meshes[mesh])
             metas = self.capture.result_metas(i, schema)
-            failed = isinstance(metas, Exception)
-            yield i, f"{name}: {op}", schema, *((None, metas) if failed else (metas, None))
+            if isinstance(metas, Exception):
+                yield i, f"{name}: {op}", schema, None, metas
+            else:
+                yield i, f"{name}: {op}", schema, metas, None
 
     def refusal(self, i: int, mesh: str, error: Exception) -> str | None:
         """Why a refused query fails the test, or None when dispatch refuses the

@@ -183,7 +183,10 @@ def registry(op: OpOverload) -> str | None:
 
 def registered_ops() -> set[OpOverload]:
     """The ops DTensor registers a strategy for (the decomposition path aside)."""
-    return {*_propagator().op_strategy_funcs, *_propagator().op_single_dim_strategy_funcs}
+    return {
+        *_propagator().op_strategy_funcs,
+        *_propagator().op_single_dim_strategy_funcs,
+    }
 
 
 class _Recorder(TorchDispatchMode):
@@ -380,7 +383,9 @@ class Capture:
                 where = registry(op) if not self.full(op) else None
                 if where == "decomposition" and not self.composites and _composite(op):
                     continue
-                if where and tree_any(lambda x: isinstance(x, torch.Tensor), (args, kwargs)):
+                if where and tree_any(
+                    lambda x: isinstance(x, torch.Tensor), (args, kwargs)
+                ):
                     self._count[op] += 1
                     self.calls.append((source, op, args, kwargs))
 
@@ -474,11 +479,20 @@ def capture_opinfo(
             x, args, kw = _detached(inputs)
             inplace = functools.partial(opinfo.inplace_variant, x, *args, **kw)
             capture.run(f"{name} inplace {i}", inplace)
-        if "out" in variants and opinfo.supports_out and not foreach and out is not None:
+        if (
+            "out" in variants
+            and opinfo.supports_out
+            and not foreach
+            and out is not None
+        ):
             x, args, kw = _detached(inputs)
             results = tuple(out) if isinstance(out, tuple) else out
-            res = tree_map_only(torch.Tensor, lambda t: torch.empty_like(t.detach()), results)
-            capture.run(f"{name} out {i}", functools.partial(opinfo.op, x, *args, **kw, out=res))
+            res = tree_map_only(
+                torch.Tensor, lambda t: torch.empty_like(t.detach()), results
+            )
+            capture.run(
+                f"{name} out {i}", functools.partial(opinfo.op, x, *args, **kw, out=res)
+            )
         if "inference" in variants:
             for fn in (opinfo.op, *(a.op for a in opinfo.aliases)):
                 call = functools.partial(fn, s.input, *s.args, **s.kwargs)
@@ -517,7 +531,12 @@ def _by_hand() -> dict[str, Callable[[_Recorder], Any]]:
             aten._scaled_dot_product_flash_attention.default, q(), q(), q()
         ),
         "efficient attention": with_grad(
-            aten._scaled_dot_product_efficient_attention.default, q(), q(), q(), None, True
+            aten._scaled_dot_product_efficient_attention.default,
+            q(),
+            q(),
+            q(),
+            None,
+            True,
         ),
         "cudnn attention": with_grad(
             aten._scaled_dot_product_cudnn_attention.default, q(), q(), q(), None, True
@@ -551,7 +570,9 @@ def _by_hand() -> dict[str, Callable[[_Recorder], Any]]:
         "nearest exact 3d": with_grad(
             aten._upsample_nearest_exact3d.default, image[None], [3, 6, 6]
         ),
-        "nearest 3d": with_grad(aten.upsample_nearest3d.default, image[None], [3, 6, 6]),
+        "nearest 3d": with_grad(
+            aten.upsample_nearest3d.default, image[None], [3, 6, 6]
+        ),
         "batch norm without stats": lambda rec: rec.call(
             aten._native_batch_norm_legit.no_stats, image, None, None, True, 0.1, 1e-5
         ),
@@ -678,7 +699,9 @@ def unreached(capture: Capture) -> dict[OpOverload, str]:
     found = {}
     for op in sorted(registered_ops() - asked, key=str):
         failed = [f"{r}: {m}" for r, m in capture.failures.items() if f" {op} " in r]
-        found[op] = failed[0] if failed else "no sample, variant or run by hand calls it"
+        found[op] = (
+            failed[0] if failed else "no sample, variant or run by hand calls it"
+        )
     return found
 
 
@@ -693,12 +716,22 @@ def runtime_candidate(t: torch.Tensor, mesh: DeviceMesh) -> list[tuple[Placement
     return [(options[min(1, len(options) - 1)],) * mesh.ndim]
 
 
-def planner_candidates(t: torch.Tensor, mesh: DeviceMesh) -> list[tuple[Placement, ...]]:
+def planner_candidates(
+    t: torch.Tensor, mesh: DeviceMesh
+) -> list[tuple[Placement, ...]]:
     """A planner's candidates: ``Replicate`` and each evenly shardable dim per mesh dim (six at most)."""
-    return list(itertools.islice(itertools.product(_options(t, mesh), repeat=mesh.ndim), 6))
+    return list(
+        itertools.islice(itertools.product(_options(t, mesh), repeat=mesh.ndim), 6)
+    )
 
 
-def strategy_schema(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh, candidates=runtime_candidate) -> OpSchema:
+def strategy_schema(
+    op: OpOverload,
+    args: tuple,
+    kwargs: dict,
+    mesh: DeviceMesh,
+    candidates=runtime_candidate,
+) -> OpSchema:
     """The schema a strategy function receives: each tensor an ``OpStrategy`` of
     ``candidates``, each tensor list a ``TupleStrategy``."""
     prop = _propagator()
@@ -708,34 +741,65 @@ def strategy_schema(op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh,
     def wrap(x: object) -> object:
         if isinstance(x, torch.Tensor):
             meta = TensorMeta(x.shape, x.stride(), x.dtype)
-            return OpStrategy([OpSpec(DTensorSpec(mesh, c, tensor_meta=meta)) for c in candidates(x, mesh)])
-        if isinstance(x, (list, tuple)) and x and all(isinstance(e, torch.Tensor) for e in x):
+            return OpStrategy(
+                [
+                    OpSpec(DTensorSpec(mesh, c, tensor_meta=meta))
+                    for c in candidates(x, mesh)
+                ]
+            )
+        if (
+            isinstance(x, (list, tuple))
+            and x
+            and all(isinstance(e, torch.Tensor) for e in x)
+        ):
             return TupleStrategy([wrap(e) for e in x])
         return type(x)(wrap(e) for e in x) if isinstance(x, (list, tuple)) else x
 
-    info = prop.op_to_schema_info.get(op) or prop.op_to_schema_info_for_single_dim_strategy.get(op)
-    return OpSchema(op, tuple(map(wrap, args)), {k: wrap(v) for k, v in kwargs.items()}, schema_info=info)
+    info = prop.op_to_schema_info.get(
+        op
+    ) or prop.op_to_schema_info_for_single_dim_strategy.get(op)
+    return OpSchema(
+        op,
+        tuple(map(wrap, args)),
+        {k: wrap(v) for k, v in kwargs.items()},
+        schema_info=info,
+    )
 
 
-def query_strategy(op_schema: OpSchema, mesh: DeviceMesh, runtime: bool) -> StrategyType | None:
+def query_strategy(
+    op_schema: OpSchema, mesh: DeviceMesh, runtime: bool
+) -> StrategyType | None:
     """The registry's strategy for ``op_schema``, asked as dispatch asks it
     (``runtime``: metas passed, specs to the decomposition path) or as a planner
     does (the strategy schema alone)."""
-    from torch.distributed.tensor._ops.single_dim_strategy import _expand_single_dim_strategy_to_mesh
+    from torch.distributed.tensor._ops.single_dim_strategy import (
+        _expand_single_dim_strategy_to_mesh,
+    )
 
     op, prop = op_schema.op, _propagator()
     if runtime and op == torch.ops.aten._local_scalar_dense.default:
         return None  # dispatch asks no strategy for it
-    spec = lambda x: x.strategies[0].output_spec if isinstance(x, OpStrategy) else (  # noqa: E731
-        [spec(c) for c in x.children] if isinstance(x, TupleStrategy) else x)
-    specs = OpSchema(op, *tree_map(spec, (op_schema.args_schema, op_schema.kwargs_schema),
-                                   is_leaf=lambda x: isinstance(x, (OpStrategy, TupleStrategy))),
-                     schema_info=op_schema.schema_info)
+
+    def spec(x: object) -> object:
+        if isinstance(x, OpStrategy):
+            return x.strategies[0].output_spec
+        return [spec(c) for c in x.children] if isinstance(x, TupleStrategy) else x
+
+    specs = OpSchema(
+        op,
+        *tree_map(
+            spec,
+            (op_schema.args_schema, op_schema.kwargs_schema),
+            is_leaf=lambda x: isinstance(x, (OpStrategy, TupleStrategy)),
+        ),
+        schema_info=op_schema.schema_info,
+    )
     metas = prop._propagate_tensor_meta_non_cached(specs) if runtime else None
     if registry(op) == "single_dim":
         info = prop.op_single_dim_strategy_funcs[op]
         return _expand_single_dim_strategy_to_mesh(mesh, op_schema, info, metas)(
-            op, op_schema.args_meta, op_schema.kwargs_meta)
+            op, op_schema.args_meta, op_schema.kwargs_meta
+        )
     if registry(op) == "op_strategy":
         return prop.op_strategy_funcs[op](op_schema)
     if not runtime:
@@ -748,7 +812,11 @@ def query_strategy(op_schema: OpSchema, mesh: DeviceMesh, runtime: bool) -> Stra
 
 
 def eager_error(
-    op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh, candidates=runtime_candidate
+    op: OpOverload,
+    args: tuple,
+    kwargs: dict,
+    mesh: DeviceMesh,
+    candidates=runtime_candidate,
 ) -> str | None:
     """Why eager DTensor refuses ``op`` on DTensors placed as the first of
     ``candidates`` (in ``LocalTensorMode``, inference mode as in the capture of
