@@ -6,7 +6,8 @@
 #   make test         build, check-stack, then the tooling tests (tools/test)
 #   make lint         ruff format, ruff, flake8 and mypy on what the change adds (linters in .venv-lint)
 #   make format       ruff format's rewrites of what the change adds, into the new files and patches/
-#   make audit        tools.audit, stock vs built (STRICT=1, OPS=...)
+#   make audit        tools.audit, stock vs built, into reports/ (STRICT=1; OPS=... audits those
+#                     OpInfos only, into .build/audit; PER_OP=N calls per op, SAMPLES=N per OpInfo)
 #   make bench        tools.bench, stock vs built, into .build/bench (RECORD=1: reports/bench.json;
 #                     STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
 #   make results      the README's Results section from reports/*.json (tools/results.py)
@@ -38,7 +39,8 @@ test: build
 
 audit: build
 	$(VENV)/bin/python -m tools.audit --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python \
-		$(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)")
+		$(if $(STRICT),--strict) $(if $(OPS),--ops "$(OPS)") $(if $(PER_OP),--per-op $(PER_OP)) \
+		$(if $(SAMPLES),--samples $(SAMPLES))
 
 bench: build
 	$(VENV)/bin/python -m tools.bench --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python \

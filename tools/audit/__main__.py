@@ -27,14 +27,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--stock-python", default=".venv-stock/bin/python", help="python of the unmodified torch")
     ap.add_argument("--built-python", default=".venv/bin/python", help="python of the torch with the change")
-    ap.add_argument("--ops", default=None, help="OpInfo names, comma-separated (unset: every OpInfo in op_db); "
-                    "an OpInfo name expands to the aten calls captured from its samples")
+    ap.add_argument("--ops", default=None, help="OpInfo (or run by hand) names, comma-separated (unset: every "
+                    "OpInfo database); a name expands to the aten calls captured from its samples")
     ap.add_argument("--modes", default=",".join(MODES), help="query modes, comma-separated")
     ap.add_argument("--meshes", default=",".join(MESHES), help="meshes over a fake world of 4, comma-separated")
     ap.add_argument("--samples", type=int, default=6, help="samples per OpInfo whose aten calls are captured")
+    ap.add_argument("--per-op", type=int, default=4, help="distinct calls asked per op at most (0: all)")
     ap.add_argument("--strict", action="store_true",
-                    help="exit 1 when the built torch has any violation, error, or planner query without a strategy")
-    ap.add_argument("--out-dir", default="reports", help="where audit.json and audit.md go")
+                    help="exit 1 when the built torch has any violation, error, planner query without a strategy "
+                    "or refusal stock does not make, or (a full audit) asks under 95%% of the registered ops")
+    ap.add_argument("--out-dir", default=None,
+                    help="where audit.json and audit.md go (default: reports/; with --ops, .build/audit/, so a "
+                    "partial audit never overwrites the tracked reports)")
     ap.add_argument("--jobs", type=int, default=2, choices=(1, 2), help="workers run at once (2: stock and built)")
     args = ap.parse_args(argv)
     for name, allowed in (("modes", MODES), ("meshes", MESHES)):
@@ -46,6 +50,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         setattr(args, name, [v for v in allowed if v in given])  # a fixed order keeps the report stable
     if args.samples < 1:
         ap.error("--samples must be at least 1")
+    if args.per_op < 0:
+        ap.error("--per-op must be 0 (all) or more")
+    if args.out_dir is None:
+        args.out_dir = str(BUILD_DIR) if args.ops else "reports"
     return args
 
 
@@ -58,7 +66,8 @@ def start_worker(role: str, python: str, args: argparse.Namespace) -> subprocess
     out = BUILD_DIR / f"{role}.json"
     out.unlink(missing_ok=True)  # a failed run must not leave the previous results to read
     cmd = [str(exe), "-m", "tools.audit.worker", "--out", str(out), "--modes", ",".join(args.modes),
-           "--meshes", ",".join(args.meshes), "--samples", str(args.samples), *(["--ops", args.ops] if args.ops else [])]
+           "--meshes", ",".join(args.meshes), "--samples", str(args.samples), "--per-op", str(args.per_op),
+           *(["--ops", args.ops] if args.ops else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONDONTWRITEBYTECODE": "1"}
     with open(BUILD_DIR / f"{role}.log", "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
@@ -103,13 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     print(f"[audit] workers running, logs in {BUILD_DIR}/", flush=True)
-    config = {"ops": args.ops, "modes": args.modes, "meshes": args.meshes, "samples": args.samples}
+    config = {"ops": args.ops, "modes": args.modes, "meshes": args.meshes, "samples": args.samples,
+              "per_op": args.per_op}
     report = merge(run_workers(args), config)
     out_dir = Path(args.out_dir) if Path(args.out_dir).is_absolute() else REPO_ROOT / args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     # The tracked JSON holds the counts; the per-op examples are in audit.md and .build.
     counts = {**report, "results": [
-        {k: {"counts": v["counts"]} if k in ("stock", "built") else v for k, v in r.items()}
+        {k: {"counts": v["counts"]} if k in ("stock", "built") else v for k, v in r.items() if k != "new_refusals"}
+        | {"new_refusals": len(r["new_refusals"])}
         for r in report["results"]
     ]}
     (BUILD_DIR / "audit-full.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

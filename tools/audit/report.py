@@ -23,7 +23,9 @@ REFUSAL_MESSAGES = (
     "cannot be performed without redistribution",
     "placement changes are not supported",
     "flatten unevenly sharded tensor",  # flatten and unflatten views
+    "no valid sharding strategy for the input placements",  # an out= or in-place argument that cannot move
 )
+REACH_TARGET = 0.95  # share of the registered ops a full audit must ask
 # Exception types that refuse whatever the message: an op DTensor does not do for that
 # input, or a result whose size depends on the data, which eager DTensor must know first.
 REFUSAL_TYPES = ("NotImplementedError", "DynamicOutputShapeException", "DataDependentOutputException")
@@ -37,7 +39,8 @@ LEGEND = {
     "error": "the registry raised; a planner or utility query never counts as refused: a planner "
     "drops the candidates it cannot serve instead of raising",
     "refused": "runtime query raised a deliberate refusal (placement needs redistribution, "
-    "NotImplementedError, data-dependent result): a right answer, not an error",
+    "NotImplementedError, data-dependent result): a right answer, not an error, unless stock answers the "
+    "same call (then it is listed as a new refusal and fails --strict)",
     "no strategy": "nothing to judge: the decomposition registry answered None (or, at runtime, raised, "
     "which dispatch reports as no strategy), or (utility) the op has no single-dim rule: another registry "
     "holds it",
@@ -65,12 +68,14 @@ def clauses(violations: list[str]) -> set[str]:
 
 
 def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
-    """Both workers' documents as one report: per (mode, mesh), stock's and built's results side by side."""
+    """Both workers' documents as one report: per (mode, mesh), stock's and built's results side by side,
+    and the calls built refuses or raises for where stock, asked the same, answers."""
     for role in ROLES:
         if role not in docs:
             raise ValueError(f"the {role} worker's results are missing")
     keyed = {(role, r["mode"], r["mesh"]): r for role in ROLES for r in docs[role]["results"]}
     pairs = list(dict.fromkeys((r["mode"], r["mesh"]) for r in docs["stock"]["results"]))
+    stock_calls = set(docs["stock"].get("calls", ()))
     results = []
     for mode, mesh in pairs:
         entry: dict[str, Any] = {"mode": mode, "mesh": mesh}
@@ -79,6 +84,11 @@ def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
             if rec is None:
                 raise ValueError(f"the {role} worker has no results for mode {mode} on mesh {mesh}")
             entry[role] = {"counts": rec["counts"], "examples": rec["examples"]}
+        stock_by_call = keyed[("stock", mode, mesh)].get("by_call", {})
+        entry["new_refusals"] = sorted(
+            call for call, category in keyed[("built", mode, mesh)].get("by_call", {}).items()
+            if category in ("refused", "error") and call in stock_calls
+            and stock_by_call.get(call, "ok") in ("ok", "violation", "unjudged"))
         results.append(entry)
     report = {
         "config": config,
@@ -91,7 +101,8 @@ def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
 
 
 def strict_failures(report: dict[str, Any]) -> list[str]:
-    """Why the built torch fails ``--strict``: any violation, error, or planner query without a strategy."""
+    """Why the built torch fails ``--strict``: any violation, error, planner query without a strategy, or
+    refusal stock does not make; in a full audit, fewer than REACH_TARGET of the registered ops asked."""
     reasons = []
     for r in report["results"]:
         c = r["built"]["counts"]
@@ -99,8 +110,15 @@ def strict_failures(report: dict[str, Any]) -> list[str]:
         bad += [f"{c['error']} errors"] if c["error"] else []
         if r["mode"] == "planner" and c["no_strategy"]:
             bad.append(f"{c['no_strategy']} without a strategy")
+        if r.get("new_refusals"):
+            bad.append(f"{len(r['new_refusals'])} refused where stock answers")
         if bad:
             reasons.append(f"built {r['mode']} mesh {r['mesh']}: {', '.join(bad)} of {c['queries']} queries")
+    cap = report["capture"]["built"]
+    if not report["config"].get("ops") and "registered" in cap:
+        if cap["reached"] < REACH_TARGET * cap["registered"]:
+            reasons.append(f"built: {cap['reached']} of {cap['registered']} registered ops asked, "
+                           f"under {REACH_TARGET:.0%}")
     return reasons
 
 
@@ -160,20 +178,65 @@ def reason_table(ops: dict[str, dict]) -> str:
     return table(["why", "ops", "which"], rows) if rows else "none"
 
 
+def capture_line(cap: dict[str, Any]) -> str:
+    """One worker's capture in a line: what ran, what failed, what DTensor serves."""
+    if "registered" not in cap:  # a document from before the capture counted its reach
+        return f"{cap.get('served', 0)} distinct calls DTensor serves"
+    failed = ", ".join(f"{n} {v}" for v, n in cap["failed_runs"].items()) or "none"
+    return (f"{cap['opinfos']} OpInfos, {cap['runs']} runs (failed: {failed}), {cap['served']} distinct calls "
+            f"DTensor serves; {cap['reached']} of {cap['registered']} registered ops asked")
+
+
+def reach_lines(report: dict[str, Any]) -> list[str]:
+    """Registered ops asked against all registered, and each one not asked with why (built's capture)."""
+    cap = report["capture"]["built"]
+    if "registered" not in cap:
+        return ["not counted"]
+    share = cap["reached"] / cap["registered"] if cap["registered"] else 0.0
+    lines = [f"{cap['reached']} of {cap['registered']} registered ops asked ({share:.1%}); target "
+             f"{REACH_TARGET:.0%} in a full audit.", ""]
+    if report["config"].get("ops"):
+        return lines + ["A partial audit: the ops the named OpInfos do not call are not listed."]
+    rows = [[op, _code(why)] for op, why in sorted(cap["unreached"].items())]
+    return lines + [table(["registered op not asked", "why"], rows) if rows else "Every registered op is asked."]
+
+
+def new_refusal_table(report: dict[str, Any]) -> str:
+    """Per op: the calls built refuses or raises for where stock answers."""
+    ops: dict[str, dict[str, Any]] = {}
+    for r in report["results"]:
+        for call in r.get("new_refusals", ()):
+            op = call.split("(", 1)[0]
+            entry = ops.setdefault(op, {"where": [], "call": call})
+            entry["where"].append(f"{r['mode']} {r['mesh']}")
+    rows = [[op, ", ".join(dict.fromkeys(e["where"])), _code(e["call"][:160])] for op, e in sorted(ops.items())]
+    return table(["op", "where", "first call"], rows) if rows else "none"
+
+
 def render(report: dict[str, Any]) -> str:
     """The markdown report, generated from the JSON alone."""
     cfg, cap = report["config"], report["capture"]
     out = [
         "# DTensor strategy contract audit (`python -m tools.audit`)",
         "",
-        f"Every OpInfo of `op_db`{' named in ' + repr(cfg['ops']) if cfg.get('ops') else ''} on CPU in float32, "
-        f"its first {cfg['samples']} samples; each distinct aten call they make that DTensor serves is asked for "
-        f"a strategy on meshes {', '.join(cfg['meshes'])} in modes {', '.join(cfg['modes'])}, and each answer "
-        "is judged against contract C1-C5 (`strategy_contract.py`).",
+        f"Every OpInfo of the OpInfo databases{' named in ' + repr(cfg['ops']) if cfg.get('ops') else ''} on CPU "
+        f"(float32 where it has it; ops with no CPU kernel on meta tensors), its first {cfg['samples']} samples; "
+        f"each distinct aten call they make that DTensor serves (at most {cfg.get('per_op') or 'any number of'} "
+        f"per op) is asked for a strategy on meshes {', '.join(cfg['meshes'])} in modes "
+        f"{', '.join(cfg['modes'])}, and each answer is judged against contract C1-C5 (`strategy_contract.py`).",
         "",
-        *[f"- {role} (torch {report['torch'][role]}): {cap[role]['opinfos']} OpInfos, {cap[role]['samples']} "
-          f"samples, {cap[role]['calls']} aten calls, {cap[role]['served']} distinct calls DTensor serves"
-          for role in ROLES],
+        *[f"- {role} (torch {report['torch'][role]}): {capture_line(cap[role])}" for role in ROLES],
+        "",
+        "The capture (`capture_calls` in `strategy_contract.py`, the one the tests use) runs each sample "
+        "forward, its backward (gradients of the results that need them), the OpInfo's in-place and `out=` "
+        "variants and the forward under `torch.inference_mode` (composite ops reach dispatch undecomposed); "
+        "it also runs the foreach OpInfo databases, the Python references (which call the `prims` ops), the "
+        "in-place, `out=`, Python-number and functional overloads of every call on its metas, and by hand "
+        "the ops no sample calls (CUDA-only kernels on meta tensors).",
+        "",
+        "## Registered ops reached",
+        "",
+        *reach_lines(report),
         "",
         "Modes: `runtime` asks each registry as DTensor's dispatch does (one sharded candidate per input, "
         "output metas given); `planner` asks with several candidates per input and no output metas; "
@@ -198,6 +261,7 @@ def render(report: dict[str, Any]) -> str:
         ("Built: planner queries without a strategy", ("no_strategy",), ("planner",), False),
         ("Built: unjudged answers", ("unjudged",), MODES, False),
     ]
+    out += ["", "## Built: refused where stock answers the same call", "", new_refusal_table(report)]
     for title, categories, modes, new_only in sections:
         out += ["", f"## {title}", "", op_table(by_op(report, "built", categories, modes, new_only))]
     for title, category, modes in (("Built: runtime refusals", "refused", ("runtime",)),

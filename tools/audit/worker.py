@@ -8,10 +8,11 @@ path, so a stock and a built torch are judged by the same code.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import itertools
 import json
+import logging
+import os
 import re
 import signal
 import sys
@@ -30,7 +31,6 @@ from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, Tu
 from torch.distributed.tensor._ops.single_dim_strategy import _expand_single_dim_strategy_to_mesh, _ShardingPlaceholder
 from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from tools.audit.report import CATEGORIES, CLAUSES, MESHES, MODES, clauses, refusal_reason
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 CHECKER = Path(__file__).resolve().parents[2] / "torch/testing/_internal/distributed/_tensor/strategy_contract.py"
 PLANNER_CANDIDATES = 6  # per input: enough to mix Replicate and Shard on every mesh dim, cheap to expand
-QUERY_TIMEOUT_S = 60
+QUERY_TIMEOUT_S = 20  # a planner waiting longer than this for one answer has no answer
 MESSAGE_CHARS = 300
 Call = tuple[Any, tuple, dict]  # (op, args, kwargs) with tensors as TensorMeta
 
@@ -68,18 +68,6 @@ def registry(op: Any) -> str | None:
     return "decomposition" if DecompShardingStrategy.has_decomp(op) else None
 
 
-class _Recorder(TorchDispatchMode):
-    """Records each aten call, tensors as metas taken at call time (in-place writes come later)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[Call] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        self.calls.append((func, _metas(args), _metas(kwargs or {})))
-        return func(*args, **(kwargs or {}))
-
-
 def _metas(x: Any) -> Any:
     return tree_map_only(torch.Tensor, lambda t: TensorMeta(t.shape, t.stride(), t.dtype), x)
 
@@ -99,42 +87,25 @@ def _describe(x: Any) -> str:
 
 
 def describe_call(op: Any, args: tuple, kwargs: dict) -> str:
-    """The call as short, address-free text: the dedup key and the report's example."""
+    """The call as short, address-free text: the report's example and the key stock and built share."""
     parts = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
     return f"{op}({', '.join(parts)})"
 
 
-def capture(names: set[str] | None, samples: int) -> tuple[list[Call], dict[str, int]]:
-    """Distinct aten calls of the OpInfo samples that DTensor serves, in capture order."""
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    seen: set[str] = set()
-    calls: list[Call] = []
-    stats = {"opinfos": 0, "samples": 0, "calls": 0, "served": 0}
-    for opinfo in op_db:
-        full = f"{opinfo.name}.{opinfo.variant_test_name}".rstrip(".")
-        if (names is not None and not names & {opinfo.name, full}) or not opinfo.supports_dtype(torch.float32, "cpu"):
-            continue
-        stats["opinfos"] += 1
-        torch.manual_seed(0)  # the same sample shapes and values in every run
-        try:
-            inputs = list(itertools.islice(opinfo.sample_inputs("cpu", torch.float32), samples))
-        except Exception:
-            continue
-        for sample in inputs:
-            recorder = _Recorder()
-            with contextlib.suppress(Exception), recorder:  # calls made before a failure still count
-                opinfo.op(sample.input, *sample.args, **sample.kwargs)
-            stats["samples"] += 1
-            stats["calls"] += len(recorder.calls)
-            for op, args, kwargs in recorder.calls:
-                key = describe_call(op, args, kwargs)
-                if key not in seen and _has_meta((args, kwargs)) and registry(op) is not None:
-                    seen.add(key)
-                    calls.append((op, args, kwargs))
-    stats["served"] = len(calls)
-    if names is not None and stats["opinfos"] == 0:
-        raise SystemExit(f"--ops {','.join(sorted(names))}: no OpInfo of that name supports float32 on CPU")
+def capture(checker: ModuleType, names: set[str] | None, samples: int,
+            per_op: int | None) -> tuple[list[Call], dict[str, Any]]:
+    """The calls the checker's capture makes (its one capture path, shared with the tests), with
+    tensors as TensorMeta, and what it reached: registered ops asked, and each one not asked with why."""
+    found = checker.capture_calls(samples=samples, per_op=per_op, names=names)
+    if names is not None and not found.opinfos and not found.runs:
+        raise SystemExit(f"--ops {','.join(sorted(names))}: no OpInfo or run by hand of that name")
+    calls = [(op, _metas(args), _metas(kwargs)) for _, op, args, kwargs in found.calls]
+    registered = checker.registered_ops()
+    asked = {op for op, _, _ in calls} & registered
+    stats = {"opinfos": found.opinfos, "runs": found.runs, "failed_runs": dict(sorted(found.failure_counts().items())),
+             "served": len(calls),
+             "registered": len(registered), "reached": len(asked),
+             "unreached": {str(op): why for op, why in checker.unreached(found).items()}}
     return calls, stats
 
 
@@ -146,8 +117,12 @@ class NoStrategy(Exception):
         self.category = category
 
 
+class QueryTimeout(BaseException):
+    """A query that took too long; not an Exception, so no strategy's ``except Exception`` swallows it."""
+
+
 def _expire(signum: int, frame: Any) -> None:
-    raise TimeoutError(f"no answer within {QUERY_TIMEOUT_S}s")
+    raise QueryTimeout(f"no answer within {QUERY_TIMEOUT_S}s")
 
 
 def placements(meta: TensorMeta, mesh: DeviceMesh, mode: str) -> list[tuple[Placement, ...]]:
@@ -219,6 +194,8 @@ def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
         inplace = op.name().split("::")[-1].split(".")[0].endswith("_")
         return expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=n_outputs, inplace_op=inplace,
                                                allow_uneven_sharding=info.allow_uneven_sharding)
+    if mode == "runtime" and op == torch.ops.aten._local_scalar_dense.default:
+        raise NoStrategy("no_strategy", "dispatch asks no strategy for it")
     runtime = spec_schema(schema) if mode == "runtime" else None
     metas = prop._propagate_tensor_meta_non_cached(runtime) if runtime is not None else None
     if info is not None:
@@ -232,10 +209,10 @@ def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
         try:
             answer = prop.decomp_strategy.propagate_strategy(runtime, metas)
         except Exception as e:  # dispatch turns this into "no sharding strategy registered"
-            if isinstance(e, TimeoutError):
-                raise
-            raise NoStrategy("no_strategy", f"the decomposition raised, which dispatch reports as no "
-                             f"strategy: {message(e)}") from e
+            composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+                op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+            then = "dispatch decomposes the composite op instead" if composite else "dispatch reports no strategy"
+            raise NoStrategy("no_strategy", f"the decomposition raised ({message(e)}); {then}") from e
     if answer is None:
         raise NoStrategy("no_strategy", "the decomposition registry answered None")
     return answer
@@ -264,6 +241,8 @@ def judge(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str,
         answer = query(schema, mesh, mode)
     except NoStrategy as e:
         return e.category, str(e), set()
+    except QueryTimeout as e:
+        return "error", message(e), set()
     except Exception as e:
         chain: list[BaseException] = []
         cur: BaseException | None = e
@@ -290,42 +269,75 @@ def judge(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str,
     return "violation", " ".join(found[0].split()) + more, clauses(found)
 
 
-def run(calls: list[Call], modes: list[str], meshes: dict[str, DeviceMesh]) -> list[dict]:
-    """Per (mode, mesh): counts per category and clause, and each op's first example per category."""
-    checker = load_checker()
-    counts = {k: dict.fromkeys((*CATEGORIES, *CLAUSES), 0) for k in itertools.product(modes, meshes)}
-    examples: dict[tuple, dict[str, dict[str, dict[str, str]]]] = {k: {c: {} for c in CATEGORIES[1:]} for k in counts}
-    ops: dict[tuple, set[str]] = {k: set() for k in counts}
+class Restart(Exception):
+    """A query timed out: the worker saved its progress and goes on in a fresh process, since an
+    interrupted strategy may leave state behind (a mode on a stack, a half-filled cache)."""
+
+
+def _fresh(keys: list[tuple[str, str]]) -> dict[str, Any]:
+    return {"next_call": 0, "next_key": 0, "timed_out": {}, "results": {
+        " ".join(k): {"counts": dict.fromkeys((*CATEGORIES, *CLAUSES), 0), "ops": [], "by_call": {},
+                      "examples": {c: {} for c in CATEGORIES[1:]}} for k in keys}}
+
+
+def run(checker: ModuleType, calls: list[Call], modes: list[str], meshes: dict[str, DeviceMesh],
+        progress: Path) -> list[dict]:
+    """Per (mode, mesh): counts per category and clause, each op's first example per category, and
+    each call's category where it is not ok (keyed by its text, which stock and built share).
+    Starts from ``progress`` when it exists; raises Restart after saving it when a query times out."""
+    keys = list(itertools.product(modes, meshes))
+    state = json.loads(progress.read_text()) if progress.exists() else _fresh(keys)
     started = time.monotonic()
-    for i, call in enumerate(calls):
-        if i % 200 == 0:
+    for i in range(state["next_call"], len(calls)):
+        call = calls[i]
+        if i % 500 == 0:
             print(f"[worker] call {i}/{len(calls)} at {time.monotonic() - started:.0f}s", flush=True)
         expected: list[Any] = []
-        for key in counts:
-            category, text, broken = judge(checker, call, meshes[key[1]], key[0], expected)
-            counts[key][category] += 1
-            ops[key].add(str(call[0]))
+        text = describe_call(*call)
+        for j, key in enumerate(keys):
+            if i == state["next_call"] and j < state["next_key"]:
+                continue  # asked before the restart
+            r, skip = state["results"][" ".join(key)], " ".join((*key, str(call[0])))
+            if skip in state["timed_out"]:
+                category, message_text, broken = "error", f"not asked: {state['timed_out'][skip]} timed out", set()
+            else:
+                category, message_text, broken = judge(checker, call, meshes[key[1]], key[0], expected)
+            r["counts"][category] += 1
+            r["ops"] = sorted({*r["ops"], str(call[0])})
             for clause in broken:
-                counts[key][clause] += 1
+                r["counts"][clause] += 1
             if category != "ok":
-                where = describe_call(*call)
-                where = where if len(where) <= 160 else where[:157] + "..."
-                examples[key][category].setdefault(str(call[0]), {"call": where, "message": text})
+                r["by_call"][text] = category
+                where = text if len(text) <= 160 else text[:157] + "..."
+                r["examples"][category].setdefault(str(call[0]), {"call": where, "message": message_text})
+            if message_text.startswith(QueryTimeout.__name__):
+                state["timed_out"][skip] = text[:120]
+                state["next_call"], state["next_key"] = i, j + 1
+                progress.write_text(json.dumps(state))
+                raise Restart(f"call {i} ({text[:120]}) timed out in {' '.join(key)}")
     return [{"mode": mode, "mesh": mesh,
-             "counts": {"ops": len(ops[(mode, mesh)]), "queries": len(calls), **counts[(mode, mesh)]},
-             "examples": {c: dict(sorted(ex.items())) for c, ex in examples[(mode, mesh)].items()}}
-            for mode, mesh in counts]
+             "counts": {"ops": len(r["ops"]), "queries": len(calls), **r["counts"]},
+             "examples": {c: dict(sorted(ex.items())) for c, ex in r["examples"].items()},
+             "by_call": r["by_call"]}
+            for (mode, mesh), r in ((k, state["results"][" ".join(k)]) for k in keys)]
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
-    ap.add_argument("--ops", default=None, help="OpInfo names, comma-separated (unset: all)")
+    ap.add_argument("--ops", default=None, help="OpInfo (or run by hand) names, comma-separated (unset: all)")
     ap.add_argument("--modes", default=",".join(MODES), help="query modes, comma-separated")
     ap.add_argument("--meshes", default=",".join(MESHES), help="mesh shapes, comma-separated")
     ap.add_argument("--samples", type=int, default=6, help="samples per OpInfo")
+    ap.add_argument("--per-op", type=int, default=4, help="distinct calls asked per op at most (0: all)")
+    ap.add_argument("--resume", action="store_true", help="go on from <out>.progress (after a timed-out query)")
     args = ap.parse_args(argv)
+    progress = Path(args.out + ".progress")
+    if not args.resume:
+        progress.unlink(missing_ok=True)
     warnings.filterwarnings("ignore")
+    logging.disable(logging.CRITICAL)  # fake tensors log every kernel they cannot run
     torch.set_num_threads(1)
     signal.signal(signal.SIGALRM, _expire)
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -334,10 +346,21 @@ def main(argv: list[str] | None = None) -> int:
     meshes = {n: DeviceMesh("cpu", torch.arange(4).reshape([int(s) for s in n.split("x")]))
               for n in args.meshes.split(",")}
     started = time.monotonic()
-    calls, stats = capture({n.strip() for n in (args.ops or "").split(",") if n.strip()} or None, args.samples)
-    print(f"[worker] captured {stats} in {time.monotonic() - started:.0f}s", flush=True)
-    doc = {"torch": torch.__version__, "capture": stats, "results": run(calls, args.modes.split(","), meshes)}
+    checker = load_checker()
+    names = {n.strip() for n in (args.ops or "").split(",") if n.strip()} or None
+    calls, stats = capture(checker, names, args.samples, args.per_op or None)
+    print(f"[worker] captured {len(calls)} calls in {time.monotonic() - started:.0f}s", flush=True)
+    try:
+        results = run(checker, calls, args.modes.split(","), meshes, progress)
+    except Restart as e:
+        print(f"[worker] {e}; going on in a fresh process", flush=True)
+        dist.destroy_process_group()
+        os.execv(sys.executable, [sys.executable, "-m", "tools.audit.worker", *argv,
+                                  *([] if args.resume else ["--resume"])])
+    doc = {"torch": torch.__version__, "capture": stats, "calls": [describe_call(*c) for c in calls],
+           "results": results}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    progress.unlink(missing_ok=True)
     print(f"[worker] done in {time.monotonic() - started:.0f}s", flush=True)
     dist.destroy_process_group()
     return 0

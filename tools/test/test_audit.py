@@ -38,14 +38,24 @@ def ex(message: str, call: str = "aten.x.default(float32[4])") -> dict[str, str]
     return {"call": call, "message": message}
 
 
-def worker_doc(version: str, **per_key: tuple[dict[str, int], dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """A worker document; keys are ``<mode>_<mesh>``, values (counts, examples by category and op)."""
+CALLS = ["aten.mm.default(float32[4, 4], float32[4, 4])", "aten.view.default(float32[4, 4], [16])"]
+
+
+def capture_stats(reached: int = 1200, registered: int = 1239, **unreached: str) -> dict[str, Any]:
+    return {"opinfos": 1, "runs": 3, "failed_runs": {"out": 1}, "served": 2, "registered": registered,
+            "reached": reached, "unreached": unreached}
+
+
+def worker_doc(version: str, by_call: dict[str, dict[str, str]] | None = None, capture: dict | None = None,
+               **per_key: tuple[dict[str, int], dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """A worker document; keys are ``<mode>_<mesh>``, values (counts, examples by category and op);
+    ``by_call`` gives a key's calls that are not ok."""
     results = []
     for key, (c, examples) in per_key.items():
         mode, mesh = key.split("_")
-        results.append({"mode": mode, "mesh": mesh, "counts": c,
+        results.append({"mode": mode, "mesh": mesh, "counts": c, "by_call": (by_call or {}).get(key, {}),
                         "examples": {cat: examples.get(cat, {}) for cat in report.CATEGORIES[1:]}})
-    return {"torch": version, "capture": {"opinfos": 1, "samples": 1, "calls": 2, "served": 1}, "results": results}
+    return {"torch": version, "capture": capture or capture_stats(), "calls": CALLS, "results": results}
 
 
 STOCK = worker_doc(
@@ -133,6 +143,32 @@ class TestReport(unittest.TestCase):
             self.assertIn(part, text)
         self.assertEqual(text, report.render(self.merged()))
 
+    def test_a_refusal_stock_does_not_make_fails_strict(self) -> None:
+        refusing = {"runtime_4": {CALLS[1]: "refused"}}
+        stock = worker_doc("s", by_call=refusing, runtime_4=(counts(queries=2, ok=1, refused=1), {}),
+                           planner_4=(counts(queries=2, ok=2), {}))
+        built = worker_doc("b", by_call={"runtime_4": {CALLS[0]: "refused", CALLS[1]: "refused"}},
+                           runtime_4=(counts(queries=2, refused=2), {}), planner_4=(counts(queries=2, ok=2), {}))
+        merged = report.merge({"stock": stock, "built": built}, CONFIG)
+        # view is refused by both, mm only by built
+        self.assertEqual(merged["results"][0]["new_refusals"], [CALLS[0]])
+        self.assertEqual(merged["strict_failures"], ["built runtime mesh 4: 1 refused where stock answers of 2 queries"])
+        self.assertIn(CALLS[0], report.render(merged))
+
+    def test_a_full_audit_must_reach_the_registered_ops(self) -> None:
+        full = {**CONFIG, "ops": None}
+        clean = {"runtime_4": (counts(queries=2, ok=2), {}), "planner_4": (counts(queries=2, ok=2), {})}
+        low = worker_doc("b", capture=capture_stats(1000, 1239, **{"aten.x.default": "no sample calls it"}), **clean)
+        (failure,) = report.merge({"stock": STOCK, "built": low}, full)["strict_failures"]
+        self.assertIn("1000 of 1239 registered ops", failure)
+        self.assertEqual(report.merge({"stock": STOCK, "built": low}, CONFIG)["strict_failures"], [])
+        text = report.render(report.merge({"stock": STOCK, "built": low}, full))
+        self.assertIn("1000 of 1239 registered ops asked", text)
+        self.assertIn("| aten.x.default", text)
+        self.assertIn("no sample calls it", text)
+        enough = worker_doc("b", capture=capture_stats(1178, 1239), **clean)
+        self.assertEqual(report.merge({"stock": STOCK, "built": enough}, full)["strict_failures"], [])
+
     def test_tables_escape_pipes_and_group_ops_by_reason(self) -> None:
         self.assertIn("a \\| b", report.op_table({"aten.x.default": {"where": ["runtime 4"], **ex("a | b")}}))
         same = {op: {"where": ["utility 4"], **ex("held elsewhere")} for op in ("aten.a.default", "aten.b.default")}
@@ -189,8 +225,13 @@ class TestOrchestrator(unittest.TestCase):
             self.assertEqual(caught.exception.code, 2)
             self.assertIn("no torch here", (tmp / "build" / "stock.log").read_text())
 
+    def test_a_partial_audit_writes_under_build_not_reports(self) -> None:
+        self.assertEqual(orchestrator.parse_args([]).out_dir, "reports")
+        self.assertEqual(orchestrator.parse_args(["--ops", "t"]).out_dir, str(orchestrator.BUILD_DIR))
+        self.assertEqual(orchestrator.parse_args(["--ops", "t", "--out-dir", "x"]).out_dir, "x")
+
     def test_bad_options_are_refused_before_any_worker_runs(self) -> None:
-        for flag in (["--modes", "runtime,bogus"], ["--meshes", "3x3"], ["--samples", "0"]):
+        for flag in (["--modes", "runtime,bogus"], ["--meshes", "3x3"], ["--samples", "0"], ["--per-op", "-1"]):
             with self.assertRaises(SystemExit) as caught, contextlib.redirect_stderr(io.StringIO()):
                 orchestrator.parse_args(flag)
             self.assertEqual(caught.exception.code, 2, flag)
@@ -203,18 +244,26 @@ class TestWorker(unittest.TestCase):
             out = Path(d) / "w.json"
             subprocess.run([sys.executable, "-m", "tools.audit.worker", "--out", str(out), "--ops", "mm",
                             "--samples", "1", "--meshes", "4"], cwd=REPO_ROOT, check=True, capture_output=True,
-                           timeout=120)
+                           timeout=300)
             doc = json.loads(out.read_text())
-        self.assertGreaterEqual(doc["capture"]["served"], 1)
+        cap = doc["capture"]
+        self.assertEqual(cap["served"], len(doc["calls"]))
+        self.assertEqual(cap["reached"] + len(cap["unreached"]), cap["registered"])
+        # forward, backward and out= of mm: mm, its out= form and a transpose at least
+        asked = {call.split("(")[0] for call in doc["calls"]}
+        self.assertLessEqual({"aten.mm.default", "aten.mm.out", "aten.t.default"}, asked)
         self.assertEqual([r["mode"] for r in doc["results"]], list(report.MODES))
         for r in doc["results"]:
             c = r["counts"]
             self.assertEqual(c["queries"], sum(c[k] for k in report.CATEGORIES))
-            self.assertEqual(c["queries"], doc["capture"]["served"])
+            self.assertEqual(c["queries"], cap["served"])
             self.assertEqual(set(r["examples"]), set(report.CATEGORIES[1:]))
-        runtime = doc["results"][0]["counts"]
-        # asked as dispatch asks, mm is answered on every torch: judged, never refused or raising
-        self.assertEqual(runtime["ok"] + runtime["violation"], runtime["queries"])
+            self.assertEqual(sum(c[k] for k in report.CATEGORIES[1:]), len(r["by_call"]))
+        # asked as dispatch asks, mm itself is answered on every torch: judged, never refused or raising
+        runtime = doc["results"][0]["by_call"]
+        mm = [call for call in doc["calls"] if call.startswith("aten.mm.default(")]
+        self.assertTrue(mm)
+        self.assertTrue(all(runtime.get(call, "ok") in ("ok", "violation") for call in mm))
 
 
 if __name__ == "__main__":

@@ -5,10 +5,6 @@ answer meets the same contract as a runtime answer."""
 
 
 import torch
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-)
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import distribute_tensor, DTensor
@@ -45,18 +41,18 @@ class TestPlannerQueries(StrategyContractTestCase):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        cls.calls = opinfo_calls()
+        cls.capture = opinfo_calls()
+        cls.calls = cls.capture.calls
 
     @parametrize("mesh_name", ["4", "2x2"])
     def test_every_registry_answers_planners(self, mesh_name: str) -> None:
+        """Every captured call, each input with several candidates: the registry
+        answers, and its answer meets the contract."""
         mesh = self.meshes[mesh_name]
-        failures = []
-        for name, op, args, kwargs in self.calls:
+        failures, judged = [], 0
+        for i, (name, op, args, kwargs) in enumerate(self.calls):
             schema = strategy_schema(op, args, kwargs, mesh, planner_candidates)
-            try:
-                expected = expected_output_metas(schema)
-            except (DynamicOutputShapeException, DataDependentOutputException):
-                continue  # data-dependent sizes: DTensor does not serve these
+            expected = self.capture.result_metas(i, schema)
             try:
                 strategy = query_strategy(schema, mesh, runtime=False)
             except NotImplementedError as e:
@@ -70,14 +66,21 @@ class TestPlannerQueries(StrategyContractTestCase):
                     failures.append(f"{name} {op}: refused, dispatch is not: {e}")
                 continue
             except Exception as e:
-                failures.append(f"{name} {op}: {type(e).__name__}: {e}")
+                strategy, error = None, f"{type(e).__name__}: {e}"
+            else:
+                error = f"{registry(op)} gave no strategy"
+            if isinstance(expected, Exception):
+                # fake tensors give no result: its size depends on the data, or
+                # torch has no meta kernel that runs the call; nothing to judge
                 continue
             if strategy is None:
-                failures.append(f"{name} {op}: {registry(op)} gave no strategy")
-                continue
-            found = contract_violations(schema, strategy, expected)
-            failures += [f"{name}: {v}" for v in found[:1]]
-        self.assertEqual(failures, [])
+                failures.append(f"{name} {op}: {error}")
+            else:
+                judged += 1
+                found = contract_violations(schema, strategy, expected)
+                failures += [f"{name}: {v}" for v in found[:1]]
+        self.assertFalse(failures, "\n".join(failures))
+        self.assertGreater(judged, 0.9 * len(self.calls))
 
     def candidates(self, t: torch.Tensor, *placements, mesh=None) -> OpStrategy:
         mesh = mesh or self.meshes["4"]
