@@ -242,6 +242,15 @@ class TestStrategyContract(StrategyContractTestCase):
             torch.eye(4, 4, out=out)
             self.assertEqual(out.full_tensor(), torch.eye(4, 4))
 
+    def test_inplace_foreach_with_a_scalar_list(self) -> None:
+        """Each element's metas are inferred with its own scalar."""
+        plain = [torch.randn(8, 4), torch.randn(8, 4)]
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            xs = [distribute_tensor(t, self.meshes["4"], [Shard(0)]) for t in plain]
+            torch._foreach_add_(xs, [10.0, 2.0])
+            got = [x.full_tensor() for x in xs]
+        self.assertEqual(got, [plain[0] + 10.0, plain[1] + 2.0])
+
 
 if __name__ == "__main__":
     run_tests()
