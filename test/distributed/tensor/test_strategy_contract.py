@@ -248,8 +248,10 @@ class TestStrategyContract(StrategyContractTestCase):
         with LocalTensorMode(frozenset(range(self.world_size))):
             xs = [distribute_tensor(t, self.meshes["4"], [Shard(0)]) for t in plain]
             torch._foreach_add_(xs, [10.0, 2.0])
+            torch._foreach_addcmul_(xs, xs, xs, [1.0, 3.0])
             got = [x.full_tensor() for x in xs]
-        self.assertEqual(got, [plain[0] + 10.0, plain[1] + 2.0])
+        want = [plain[0] + 10.0, plain[1] + 2.0]
+        self.assertEqual(got, [want[0] + want[0] ** 2, want[1] + 3.0 * want[1] ** 2])
 
 
 if __name__ == "__main__":
