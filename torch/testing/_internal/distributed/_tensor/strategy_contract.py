@@ -855,6 +855,29 @@ def eager_error(
     return None
 
 
+# Calls whose strategies do not meet the contract yet, by aten op, with why. The
+# OpInfo-wide tests report them apart; any other failure fails them.
+KNOWN_GAPS = {
+    "aten._fused_adam_.default": "in-place fused optimizer: element results None",
+    "aten._fused_adam_.tensor_lr": "in-place fused optimizer: element results None",
+    "aten._fused_adamw_.default": "in-place fused optimizer: element results None",
+    "aten._fused_adamw_.tensor_lr": "in-place fused optimizer: element results None",
+    "aten._amp_foreach_non_finite_check_and_unscale_.default": "element results None",
+    "aten._fused_adam.default": "functional fused optimizer: element shape inference",
+    "aten._fused_adam.tensor_lr": "functional fused optimizer: element shape inference",
+    "aten._fused_adamw.default": "functional fused optimizer: element shape inference",
+    "aten._fused_adamw.tensor_lr": "functional fused optimizer: element shape inference",
+    "aten._linalg_solve_ex.result": "out= variant: LU output meta is the out tensor's",
+    "aten.split_with_sizes_copy.out": "out= list variant: planner answer has no output",
+    "aten.unbind_copy.int_out": "out= list variant: planner answer has no output",
+}
+
+
+def without_known_gaps(failures: list[str]) -> list[str]:
+    """``failures`` less those of the calls listed in ``KNOWN_GAPS``."""
+    return [f for f in failures if not any(op in f for op in KNOWN_GAPS)]
+
+
 class StrategyContractTestCase(TestCase):
     """A fake process group of four ranks in this process, and the meshes
     strategies are checked on: ``"4"`` and ``"2x2"``."""
