@@ -210,7 +210,10 @@ class TestStrategyContract(StrategyContractTestCase):
         """Shape inference that fails is reported, never turned into specs
         without metas."""
         schema = strategy_schema(
-            aten.mm.default, (torch.randn(8, 4), torch.randn(5, 8)), {}, self.meshes["4"]
+            aten.mm.default,
+            (torch.randn(8, 4), torch.randn(5, 8)),
+            {},
+            self.meshes["4"],
         )
         rules = [[Replicate(), Replicate(), Replicate()]]
         with self.assertRaisesRegex(RuntimeError, "aten.mm.default: cannot build"):
@@ -228,15 +231,35 @@ class TestStrategyContract(StrategyContractTestCase):
             (aten.bucketize.Tensor, (x, boundaries), {"out_int32": True}),
         ]:
             schema = strategy_schema(op, args, kwargs, self.meshes["4"])
-            self.assertEqual(infer_output_tensor_meta(schema), expected_output_metas(schema))
+            self.assertEqual(
+                infer_output_tensor_meta(schema), expected_output_metas(schema)
+            )
 
     def test_masked_off_outputs_are_none(self) -> None:
-        grad, inp, weight = torch.randn(4, 4, 6, 6), torch.randn(4, 3, 8, 8), torch.randn(4, 3, 3, 3)
-        args = (grad, inp, weight, [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, True])
+        grad, inp, weight = (
+            torch.randn(4, 4, 6, 6),
+            torch.randn(4, 3, 8, 8),
+            torch.randn(4, 3, 3, 3),
+        )
+        args = (
+            grad,
+            inp,
+            weight,
+            [4],
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            False,
+            [0, 0],
+            1,
+            [False, True, True],
+        )
         for mesh in self.meshes.values():
             schema = strategy_schema(aten.convolution_backward.default, args, {}, mesh)
             strategy = query_strategy(schema, mesh, runtime=True)
-            self.assertEqual(contract_violations(schema, strategy, expected_output_metas(schema)), [])
+            self.assertEqual(
+                contract_violations(schema, strategy, expected_output_metas(schema)), []
+            )
             self.assertTrue(all(s.output_specs[0] is None for s in strategy.strategies))
 
     def test_eye_out(self) -> None:

@@ -3,7 +3,12 @@
 
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    TupleStrategy,
+)
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.strategy_contract import (
@@ -32,8 +37,10 @@ class TestStrategyContractCheck(StrategyContractTestCase):
         a, b = meta(8, 4), meta(4, 8)
         schema = OpSchema(
             aten.mm.default,
-            (self.strategy(Replicate(), Shard(0), tensor_meta=a),
-             self.strategy(Replicate(), tensor_meta=b)),
+            (
+                self.strategy(Replicate(), Shard(0), tensor_meta=a),
+                self.strategy(Replicate(), tensor_meta=b),
+            ),
             {},
         )
         spec = OpSpec(
@@ -44,20 +51,30 @@ class TestStrategyContractCheck(StrategyContractTestCase):
         return schema, spec
 
     def violations(self, schema: OpSchema, spec: OpSpec) -> list[str]:
-        return contract_violations(schema, OpStrategy([spec]), expected_output_metas(schema))
+        return contract_violations(
+            schema, OpStrategy([spec]), expected_output_metas(schema)
+        )
 
     def test_each_clause(self) -> None:
         schema, good = self.mm()
         self.assertEqual(self.violations(schema, good), [])
         a, b = good.input_specs
         broken = {
-            "C1": OpSpec(self.spec(Shard(0), None), good.input_specs, good.redistribute_cost),
+            "C1": OpSpec(
+                self.spec(Shard(0), None), good.input_specs, good.redistribute_cost
+            ),
             "C1 dtype": OpSpec(
-                self.spec(Shard(0), meta(8, 8, dtype=torch.float64)), [a, b], good.redistribute_cost
+                self.spec(Shard(0), meta(8, 8, dtype=torch.float64)),
+                [a, b],
+                good.redistribute_cost,
             ),
             "C2": OpSpec((good.output_specs,), [a, b], good.redistribute_cost),
             "C3": OpSpec(good.output_specs, None, good.redistribute_cost),
-            "C3 meta": OpSpec(good.output_specs, [self.spec(Shard(0), None), b], good.redistribute_cost),
+            "C3 meta": OpSpec(
+                good.output_specs,
+                [self.spec(Shard(0), None), b],
+                good.redistribute_cost,
+            ),
             "C4": OpSpec(good.output_specs, [a, b], [[0.0], [0.0]]),
             "C4 negative": OpSpec(good.output_specs, [a, b], [[-1.0, 0.0], [0.0]]),
         }
@@ -72,13 +89,30 @@ class TestStrategyContractCheck(StrategyContractTestCase):
         grad, inp, weight = meta(4, 4, 6, 6), meta(4, 3, 8, 8), meta(4, 3, 3, 3)
         schema = OpSchema(
             aten.convolution_backward.default,
-            (*(self.strategy(Replicate(), tensor_meta=m) for m in (grad, inp, weight)),
-             [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, True]),
+            (
+                *(
+                    self.strategy(Replicate(), tensor_meta=m)
+                    for m in (grad, inp, weight)
+                ),
+                [4],
+                [1, 1],
+                [0, 0],
+                [1, 1],
+                False,
+                [0, 0],
+                1,
+                [False, True, True],
+            ),
             {},
         )
-        inputs, costs = [self.spec(Replicate(), m) for m in (grad, inp, weight)], [[0.0]] * 3
+        inputs, costs = (
+            [self.spec(Replicate(), m) for m in (grad, inp, weight)],
+            [[0.0]] * 3,
+        )
         outputs = [self.spec(Replicate(), m) for m in (inp, weight, meta(4))]
-        self.assertEqual(self.violations(schema, OpSpec((None, *outputs[1:]), inputs, costs)), [])
+        self.assertEqual(
+            self.violations(schema, OpSpec((None, *outputs[1:]), inputs, costs)), []
+        )
         found = self.violations(schema, OpSpec(tuple(outputs), inputs, costs))
         self.assertEqual(len(found), 1, found)
         self.assertIn("output 0: C2", found[0])
@@ -92,10 +126,14 @@ class TestStrategyContractCheck(StrategyContractTestCase):
         )
         # The second child's output lacks its meta.
         children = [
-            OpStrategy([OpSpec(self.spec(Shard(0), out), [self.spec(Shard(0), m)], [[0.0]])])
+            OpStrategy(
+                [OpSpec(self.spec(Shard(0), out), [self.spec(Shard(0), m)], [[0.0]])]
+            )
             for m, out in ((x, x), (y, None))
         ]
-        found = contract_violations(schema, TupleStrategy(children), expected_output_metas(schema))
+        found = contract_violations(
+            schema, TupleStrategy(children), expected_output_metas(schema)
+        )
         self.assertEqual(len(found), 1, found)
         self.assertTrue(found[0].startswith("child 1: "), found)
 

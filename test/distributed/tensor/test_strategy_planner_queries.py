@@ -3,7 +3,6 @@
 placements per input, without output metas; every registry answers, and its
 answer meets the same contract as a runtime answer."""
 
-
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
@@ -58,7 +57,9 @@ class TestPlannerQueries(StrategyContractTestCase):
                 strategy = query_strategy(schema, mesh, runtime=False)
             except NotImplementedError as e:
                 # Refused: dispatch must refuse the call on replicated inputs too.
-                replicated = strategy_schema(op, args, kwargs, mesh, replicated_candidate)
+                replicated = strategy_schema(
+                    op, args, kwargs, mesh, replicated_candidate
+                )
                 try:
                     answer = query_strategy(replicated, mesh, runtime=True)
                 except NotImplementedError:
@@ -134,7 +135,9 @@ class TestPlannerQueries(StrategyContractTestCase):
 
     def test_view_redistributes_a_candidate_it_cannot_keep(self) -> None:
         x = torch.randn(8, 4)
-        runtime = OpSchema(aten.view.default, (self.candidates(x, Shard(1)), [2, 16]), {})
+        runtime = OpSchema(
+            aten.view.default, (self.candidates(x, Shard(1)), [2, 16]), {}
+        )
         with self.assertRaisesRegex(RuntimeError, "redistribute"):
             query_strategy(runtime, self.meshes["4"], runtime=True)
         strategy = query_strategy(runtime, self.meshes["4"], runtime=False)
@@ -144,12 +147,14 @@ class TestPlannerQueries(StrategyContractTestCase):
     def test_unbind_offers_the_input_unsharded_on_the_unbind_dim(self) -> None:
         x = torch.randn(8, 4)
         for placements in [(Shard(0),), (Shard(0), Replicate(), Shard(1))]:
-            schema = OpSchema(
-                aten.unbind.int, (self.candidates(x, *placements), 0), {}
-            )
+            schema = OpSchema(aten.unbind.int, (self.candidates(x, *placements), 0), {})
             strategy = query_strategy(schema, self.meshes["4"], runtime=False)
-            inputs = sorted(str(s.input_specs[0].placements) for s in strategy.strategies)
-            expected = ["(Replicate(),)"] + (["(Shard(dim=1),)"] if len(placements) > 1 else [])
+            inputs = sorted(
+                str(s.input_specs[0].placements) for s in strategy.strategies
+            )
+            expected = ["(Replicate(),)"] + (
+                ["(Shard(dim=1),)"] if len(placements) > 1 else []
+            )
             self.assertEqual(inputs, expected)
             # the Shard(0) candidate pays for its all-gather
             self.assertGreater(strategy.strategies[0].redistribute_cost[0][0], 0)

@@ -70,11 +70,18 @@ class TestStrategyValidationContract(strategy_contract.StrategyContractTestCase)
                 ]
             )
 
-        with mock.patch.object(strategy_contract, "query_strategy", without_output_metas):
+        with mock.patch.object(
+            strategy_contract, "query_strategy", without_output_metas
+        ):
             failed, lines = self.check()
         self.assertEqual(failed, 2)
         self.assertEqual(self.row(lines), ["1", "2", "0", "2", "0", "0", "0"])
-        self.assertTrue(any("violating: aten.mm.default" in line and " C1 " in line for line in lines))
+        self.assertTrue(
+            any(
+                "violating: aten.mm.default" in line and " C1 " in line
+                for line in lines
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -74,7 +74,9 @@ def expected_output_metas(op_schema: OpSchema) -> Metas:
             return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype)
 
     leaf = lambda x: isinstance(x, (OpStrategy, TupleStrategy, DTensorSpec))  # noqa: E731
-    args, kwargs = tree_map(fake, (op_schema.args_schema, op_schema.kwargs_schema), is_leaf=leaf)
+    args, kwargs = tree_map(
+        fake, (op_schema.args_schema, op_schema.kwargs_schema), is_leaf=leaf
+    )
     with mode:
         out = op_schema.op(*args, **kwargs)
     as_meta = lambda t: TensorMeta(t.shape, t.stride(), t.dtype)  # noqa: E731
@@ -95,7 +97,9 @@ def _same_meta(a: TensorMeta | None, b: TensorMeta) -> bool:
     )
 
 
-def _spec_violations(spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as_list: bool) -> list[str]:
+def _spec_violations(
+    spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as_list: bool
+) -> list[str]:
     found = []
     outs = spec.output_specs
     if expected is None:
@@ -105,7 +109,9 @@ def _spec_violations(spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as
         if not isinstance(outs, DTensorSpec):
             found.append(f"C2 output_specs {outs} where the op returns a tensor")
         elif not _same_meta(outs.tensor_meta, expected):
-            found.append(f"output: C1 tensor_meta {outs.tensor_meta}, expected {expected}")
+            found.append(
+                f"output: C1 tensor_meta {outs.tensor_meta}, expected {expected}"
+            )
     else:
         metas = (expected,) if isinstance(expected, TensorMeta) else expected
         if not isinstance(outs, tuple) or len(outs) != len(metas):
@@ -116,16 +122,24 @@ def _spec_violations(spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as
             elif meta is not None and not isinstance(out, DTensorSpec):
                 found.append(f"output {i}: C2 {out} where the op returns a tensor")
             elif meta is not None and not _same_meta(out.tensor_meta, meta):
-                found.append(f"output {i}: C1 tensor_meta {out.tensor_meta}, expected {meta}")
+                found.append(
+                    f"output {i}: C1 tensor_meta {out.tensor_meta}, expected {meta}"
+                )
     if spec.input_specs is None or len(spec.input_specs) != len(inputs):
-        found.append(f"C3 input_specs {spec.input_specs} for {len(inputs)} tensor inputs")
+        found.append(
+            f"C3 input_specs {spec.input_specs} for {len(inputs)} tensor inputs"
+        )
     else:
         for i, (s, inp) in enumerate(zip(spec.input_specs, inputs)):
             if not _same_meta(s.tensor_meta, _leaf_meta(inp)):
                 found.append(f"input {i}: C3 tensor_meta {s.tensor_meta}")
     costs = spec.redistribute_cost
-    if costs is None or [len(row) for row in costs] != [len(i.strategies) for i in inputs]:
-        found.append(f"C4 redistribute_cost {costs} for inputs of {[len(i.strategies) for i in inputs]} candidates")
+    if costs is None or [len(row) for row in costs] != [
+        len(i.strategies) for i in inputs
+    ]:
+        found.append(
+            f"C4 redistribute_cost {costs} for inputs of {[len(i.strategies) for i in inputs]} candidates"
+        )
     elif any(math.isnan(c) or c < 0 for row in costs for c in row):
         found.append(f"C4 redistribute_cost {costs}")
     return found
@@ -147,11 +161,21 @@ def contract_violations(
         for i, child in enumerate(strategy.children):
             pick = lambda x: x.children[i] if isinstance(x, TupleStrategy) else x  # noqa: E731
             leaf = lambda x: isinstance(x, TupleStrategy)  # noqa: E731
-            element = OpSchema(op, *tree_map(pick, (op_schema.args_schema, op_schema.kwargs_schema), is_leaf=leaf))
+            element = OpSchema(
+                op,
+                *tree_map(
+                    pick, (op_schema.args_schema, op_schema.kwargs_schema), is_leaf=leaf
+                ),
+            )
             # A list result gives each element its entry; an in-place op, self.
-            want = expected[i] if isinstance(expected, tuple) and not isinstance(expected, TensorMeta) else (
-                _leaf_meta(_inputs(element)[0]))
-            found += [f"child {i}: {v}" for v in _violations(element, child, want, False)]
+            want = (
+                expected[i]
+                if isinstance(expected, tuple) and not isinstance(expected, TensorMeta)
+                else (_leaf_meta(_inputs(element)[0]))
+            )
+            found += [
+                f"child {i}: {v}" for v in _violations(element, child, want, False)
+            ]
         return found
     as_list = any(isinstance(r.type, torch.ListType) for r in op._schema.returns)
     found = _violations(op_schema, strategy, expected, as_list)
@@ -165,7 +189,9 @@ def contract_violations(
     return found
 
 
-def _violations(op_schema: OpSchema, strategy: StrategyType, expected: Metas, as_list: bool) -> list[str]:
+def _violations(
+    op_schema: OpSchema, strategy: StrategyType, expected: Metas, as_list: bool
+) -> list[str]:
     op = op_schema.op
     if not isinstance(strategy, OpStrategy) or not strategy.strategies:
         return [f"{op}: C5 {strategy} is not a non-empty OpStrategy"]
@@ -887,9 +913,14 @@ class StrategyContractTestCase(TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cls.world_size)
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=cls.world_size
+        )
         ranks = torch.arange(cls.world_size)
-        cls.meshes = {"4": DeviceMesh("cpu", ranks), "2x2": DeviceMesh("cpu", ranks.reshape(2, 2))}
+        cls.meshes = {
+            "4": DeviceMesh("cpu", ranks),
+            "2x2": DeviceMesh("cpu", ranks.reshape(2, 2)),
+        }
 
     @classmethod
     def tearDownClass(cls) -> None:
