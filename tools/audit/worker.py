@@ -299,7 +299,8 @@ def run(checker: ModuleType, calls: list[Call], modes: list[str], meshes: dict[s
                 continue  # asked before the restart
             r, skip = state["results"][" ".join(key)], " ".join((*key, str(call[0])))
             if skip in state["timed_out"]:
-                category, message_text, broken = "error", f"not asked: {state['timed_out'][skip]} timed out", set()
+                broken: set[str] = set()
+                category, message_text = "error", f"not asked: {state['timed_out'][skip]} timed out"
             else:
                 category, message_text, broken = judge(checker, call, meshes[key[1]], key[0], expected)
             r["counts"][category] += 1

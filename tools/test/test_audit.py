@@ -157,7 +157,7 @@ class TestReport(unittest.TestCase):
 
     def test_a_full_audit_must_reach_the_registered_ops(self) -> None:
         full = {**CONFIG, "ops": None}
-        clean = {"runtime_4": (counts(queries=2, ok=2), {}), "planner_4": (counts(queries=2, ok=2), {})}
+        clean: dict[str, Any] = {"runtime_4": (counts(queries=2, ok=2), {}), "planner_4": (counts(queries=2, ok=2), {})}
         low = worker_doc("b", capture=capture_stats(1000, 1239, **{"aten.x.default": "no sample calls it"}), **clean)
         (failure,) = report.merge({"stock": STOCK, "built": low}, full)["strict_failures"]
         self.assertIn("1000 of 1239 registered ops", failure)
