@@ -839,7 +839,8 @@ def query_strategy(
         schema_info=op_schema.schema_info,
     )
     metas = prop._propagate_tensor_meta_non_cached(specs)
-    op_schema = dataclasses.replace(op_schema, output_tensor_meta=metas)
+    if "output_tensor_meta" in {f.name for f in dataclasses.fields(OpSchema)}:
+        op_schema = dataclasses.replace(op_schema, output_tensor_meta=metas)
     if registry(op) == "single_dim":
         info = prop.op_single_dim_strategy_funcs[op]
         return _expand_single_dim_strategy_to_mesh(mesh, op_schema, info, metas)(
@@ -852,6 +853,24 @@ def query_strategy(
     except Exception as e:
         # Dispatch turns any failure of the decomposition path into this.
         raise NotImplementedError(f"{op} has no sharding strategy") from e
+
+
+def check_call(
+    op: OpOverload,
+    args: tuple,
+    kwargs: dict,
+    mesh: DeviceMesh,
+    runtime: bool = True,
+) -> list[str]:
+    """How DTensor's answer for ``op(*args, **kwargs)`` on ``mesh`` breaks
+    C1-C5, asked as dispatch (``runtime``) or as a planner asks it; a query the
+    registry refuses raises."""
+    candidates = runtime_candidate if runtime else planner_candidates
+    schema = strategy_schema(op, args, kwargs, mesh, candidates)
+    strategy = query_strategy(schema, mesh, runtime)
+    if strategy is None:
+        return []
+    return contract_violations(schema, strategy, expected_output_metas(schema))
 
 
 def eager_error(
