@@ -863,13 +863,13 @@ def check_call(
     runtime: bool = True,
 ) -> list[str]:
     """How DTensor's answer for ``op(*args, **kwargs)`` on ``mesh`` breaks
-    C1-C5, asked as dispatch (``runtime``) or as a planner asks it; a query the
-    registry refuses raises."""
+    C1-C5, asked as dispatch (``runtime``) or as a planner asks it; an answer
+    of None is a finding, and a query the registry refuses raises."""
     candidates = runtime_candidate if runtime else planner_candidates
     schema = strategy_schema(op, args, kwargs, mesh, candidates)
     strategy = query_strategy(schema, mesh, runtime)
     if strategy is None:
-        return []
+        return [f"{op}: no strategy to judge"]
     return contract_violations(schema, strategy, expected_output_metas(schema))
 
 
