@@ -1,5 +1,5 @@
 # Owner(s): ["oncall: distributed"]
-"""The contract check finds each clause broken in a strategy, accepts a complete one."""
+"""The contract check names each clause a strategy breaks and accepts a complete one."""
 
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -11,129 +11,94 @@ from torch.distributed.tensor._op_schema import (
 )
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    LocalDTensorTestBase,
+    with_comms,
+)
 from torch.testing._internal.distributed._tensor.strategy_contract import (
     contract_violations,
     expected_output_metas,
-    StrategyContractTestCase,
 )
 
 
 aten = torch.ops.aten
+R, S0 = Replicate(), Shard(0)
 
 
 def meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
     return TensorMeta(torch.Size(shape), torch.empty(shape).stride(), dtype)
 
 
-class TestStrategyContractCheck(StrategyContractTestCase):
+class TestStrategyContractCheck(LocalDTensorTestBase):
+    def check(self, op, args: tuple, *specs: OpSpec) -> list[str]:
+        """The findings for an answer of ``specs`` (of one ``OpStrategy``, or the
+        children of a ``TupleStrategy`` when ``args`` holds one)."""
+        schema = OpSchema(op, args, {})
+        strategies = [OpStrategy([s]) for s in specs]
+        answer = strategies[0] if len(specs) == 1 else TupleStrategy(strategies)
+        return contract_violations(schema, answer, expected_output_metas(schema))
+
     def spec(self, placement, tensor_meta) -> DTensorSpec:
-        return DTensorSpec(self.meshes["4"], (placement,), tensor_meta=tensor_meta)
+        return DTensorSpec(self.mesh, (placement,), tensor_meta=tensor_meta)
 
-    def strategy(self, *candidates, tensor_meta) -> OpStrategy:
-        return OpStrategy([OpSpec(self.spec(p, tensor_meta)) for p in candidates])
+    def inputs(self, *metas: TensorMeta, candidates=(R,)) -> list[OpStrategy]:
+        return [
+            OpStrategy([OpSpec(self.spec(p, m)) for p in candidates]) for m in metas
+        ]
 
-    def mm(self) -> tuple[OpSchema, OpSpec]:
-        """``mm`` of (8, 4) and (4, 8) inputs, with 2 and 1 candidates; a complete spec."""
-        a, b = meta(8, 4), meta(4, 8)
-        schema = OpSchema(
-            aten.mm.default,
-            (
-                self.strategy(Replicate(), Shard(0), tensor_meta=a),
-                self.strategy(Replicate(), tensor_meta=b),
-            ),
-            {},
-        )
-        spec = OpSpec(
-            self.spec(Shard(0), meta(8, 8)),
-            [self.spec(Shard(0), a), self.spec(Replicate(), b)],
-            [[1.0, 0.0], [0.0]],
-        )
-        return schema, spec
-
-    def violations(self, schema: OpSchema, spec: OpSpec) -> list[str]:
-        return contract_violations(
-            schema, OpStrategy([spec]), expected_output_metas(schema)
-        )
-
+    @with_comms
     def test_each_clause(self) -> None:
-        schema, good = self.mm()
-        self.assertEqual(self.violations(schema, good), [])
-        a, b = good.input_specs
+        self.mesh = self.build_device_mesh()
+        a, b, out = meta(8, 4), meta(4, 8), meta(8, 8)
+        args = (*self.inputs(a, candidates=(R, S0)), *self.inputs(b))
+        ins, costs = [self.spec(S0, a), self.spec(R, b)], [[1.0, 0.0], [0.0]]
+        good = OpSpec(self.spec(S0, out), ins, costs)
+        self.assertEqual(self.check(aten.mm.default, args, good), [])
         broken = {
-            "C1": OpSpec(
-                self.spec(Shard(0), None), good.input_specs, good.redistribute_cost
-            ),
+            "C1": OpSpec(self.spec(S0, None), ins, costs),
             "C1 dtype": OpSpec(
-                self.spec(Shard(0), meta(8, 8, dtype=torch.float64)),
-                [a, b],
-                good.redistribute_cost,
+                self.spec(S0, meta(8, 8, dtype=torch.int64)), ins, costs
             ),
-            "C2": OpSpec((good.output_specs,), [a, b], good.redistribute_cost),
-            "C3": OpSpec(good.output_specs, None, good.redistribute_cost),
-            "C3 meta": OpSpec(
-                good.output_specs,
-                [self.spec(Shard(0), None), b],
-                good.redistribute_cost,
-            ),
-            "C4": OpSpec(good.output_specs, [a, b], [[0.0], [0.0]]),
-            "C4 negative": OpSpec(good.output_specs, [a, b], [[-1.0, 0.0], [0.0]]),
+            "C2": OpSpec((good.output_specs,), ins, costs),
+            "C3": OpSpec(good.output_specs, None, costs),
+            "C3 meta": OpSpec(good.output_specs, [self.spec(S0, None), ins[1]], costs),
+            "C4": OpSpec(good.output_specs, ins, [[0.0], [0.0]]),
+            "C4 negative": OpSpec(good.output_specs, ins, [[-1.0, 0.0], [0.0]]),
         }
         for name, spec in broken.items():
             with self.subTest(name):
-                found = self.violations(schema, spec)
+                found = self.check(aten.mm.default, args, spec)
                 self.assertEqual(len(found), 1, found)
                 self.assertIn(f"{name.split()[0]} ", found[0])
                 self.assertIn("aten.mm.default OpSpec 0", found[0])
 
-    def test_none_where_the_op_returns_none(self) -> None:
-        grad, inp, weight = meta(4, 4, 6, 6), meta(4, 3, 8, 8), meta(4, 3, 3, 3)
-        schema = OpSchema(
-            aten.convolution_backward.default,
-            (
-                *(
-                    self.strategy(Replicate(), tensor_meta=m)
-                    for m in (grad, inp, weight)
-                ),
-                [4],
-                [1, 1],
-                [0, 0],
-                [1, 1],
-                False,
-                [0, 0],
-                1,
-                [False, True, True],
-            ),
-            {},
-        )
-        inputs, costs = (
-            [self.spec(Replicate(), m) for m in (grad, inp, weight)],
-            [[0.0]] * 3,
-        )
-        outputs = [self.spec(Replicate(), m) for m in (inp, weight, meta(4))]
+    @with_comms
+    def test_none_exactly_where_the_op_returns_none(self) -> None:
+        self.mesh = self.build_device_mesh()
+        metas = (meta(4, 4, 6, 6), meta(4, 3, 8, 8), meta(4, 3, 3, 3))
+        flags = [False, True, True]  # no grad_input
+        args = (*self.inputs(*metas), [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+        ins, costs = [self.spec(R, m) for m in metas], [[0.0]] * 3
+        outs = [self.spec(R, m) for m in (metas[1], metas[2], meta(4))]
+        op = aten.convolution_backward.default
         self.assertEqual(
-            self.violations(schema, OpSpec((None, *outputs[1:]), inputs, costs)), []
+            self.check(op, (*args, flags), OpSpec((None, *outs[1:]), ins, costs)), []
         )
-        found = self.violations(schema, OpSpec(tuple(outputs), inputs, costs))
+        found = self.check(op, (*args, flags), OpSpec(tuple(outs), ins, costs))
         self.assertEqual(len(found), 1, found)
         self.assertIn("output 0: C2", found[0])
 
+    @with_comms
     def test_tuple_strategy_children(self) -> None:
+        self.mesh = self.build_device_mesh()
         x, y = meta(8, 4), meta(4, 8)
-        schema = OpSchema(
-            aten._foreach_abs.default,
-            (TupleStrategy([self.strategy(Shard(0), tensor_meta=m) for m in (x, y)]),),
-            {},
-        )
-        # The second child's output lacks its meta.
+        args = (TupleStrategy(self.inputs(x, y, candidates=(S0,))),)
+        # the second child's output has no meta
         children = [
-            OpStrategy(
-                [OpSpec(self.spec(Shard(0), out), [self.spec(Shard(0), m)], [[0.0]])]
-            )
+            OpSpec(self.spec(S0, out), [self.spec(S0, m)], [[0.0]])
             for m, out in ((x, x), (y, None))
         ]
-        found = contract_violations(
-            schema, TupleStrategy(children), expected_output_metas(schema)
-        )
+        found = self.check(aten._foreach_abs.default, args, *children)
         self.assertEqual(len(found), 1, found)
         self.assertTrue(found[0].startswith("child 1: "), found)
 

@@ -1,0 +1,69 @@
+# Owner(s): ["oncall: distributed"]
+"""Strategies of the calls the capture records meet the contract, refusing only
+what eager DTensor refuses, and ``strategy_validation --contract`` reports it."""
+
+import itertools
+from unittest import mock
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
+from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
+from torch.distributed.tensor._ops import strategy_validation
+from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor import strategy_contract as sc
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    LocalDTensorTestBase,
+    with_comms,
+)
+from torch.testing._internal.distributed._tensor.strategy_capture import capture_calls
+
+
+aten = torch.ops.aten
+NAMES = {"mm", "view", "unbind", "stack", "nn.functional.pad", "_foreach_add"}
+NAMES |= {"flash attention", "efficient attention", "grouped mm", "unscale"}
+NAMES |= {"fused rms norm", "aten._fused_adam_.default", "aten._fused_adam.default"}
+
+
+class TestStrategyCapture(LocalDTensorTestBase):
+    @with_comms
+    def test_captured_calls(self) -> None:
+        mesh = init_device_mesh("cpu", (2, 2))
+        capture = capture_calls(NAMES, composites=False)
+        ops = {op for _, op, _, _ in capture.calls}
+        # backward, in-place, out=, foreach and CUDA-only calls are all asked
+        want = {aten.mm.out, aten._foreach_add_.List, aten._fused_adam_.default}
+        want |= {aten._scaled_dot_product_efficient_attention_backward.default}
+        self.assertFalse(want - ops)
+        for (source, op, args, kwargs), runtime in itertools.product(
+            capture.calls, (True, False)
+        ):
+            with self.subTest(source=source, op=str(op), runtime=runtime):
+                try:
+                    found = sc.check_call(op, args, kwargs, mesh, runtime)
+                except Exception as e:
+                    eager = sc.eager_error(op, args, kwargs, mesh)
+                    found = [] if eager else [f"refused ({e}); eager DTensor runs it"]
+                self.assertEqual(found, [])
+
+    @with_comms
+    def test_strategy_validation_contract(self) -> None:
+        queries = 2 * len(capture_calls({"mm"}, composites=False).calls)
+        self.assertEqual(strategy_validation.check_contract(["mm"], 4), 0)
+        query = sc.query_strategy
+
+        def without_output_metas(schema, mesh, runtime):
+            specs = query(schema, mesh, runtime).strategies
+            return OpStrategy(
+                [
+                    OpSpec(DTensorSpec(mesh, s.output_spec.placements), s.input_specs)
+                    for s in specs
+                ]
+            )
+
+        with mock.patch.object(sc, "query_strategy", without_output_metas):
+            self.assertEqual(strategy_validation.check_contract(["mm"], 4), queries)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,332 @@
+# mypy: allow-untyped-defs
+# Owner(s): ["oncall: distributed"]
+"""
+Captures the aten calls DTensor's registries answer, to check their strategies
+with ``strategy_contract``: the samples of ``op_db`` and of the foreach
+databases run forward, backward, in place, with ``out=`` and in inference mode,
+the Python references forward, and ops no sample calls run by hand, the
+CUDA-only ones on meta tensors. Each call keeps its tensors as meta tensors.
+"""
+
+import collections
+import dataclasses
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+from torch.testing._internal.distributed._tensor.strategy_contract import (
+    _propagator,
+    registry,
+)
+from torch.testing._internal.opinfo.core import ForeachFuncInfo
+from torch.utils._python_dispatch import _disable_current_modes, TorchDispatchMode
+from torch.utils._pytree import tree_any, tree_flatten, tree_map, tree_map_only
+
+
+Call = tuple[str, OpOverload, tuple, dict]
+"""``(source, op, args, kwargs)``: the run that made the call, and its
+arguments with each tensor a meta tensor."""
+
+VARIANTS = ("forward", "backward", "inplace", "out", "inference")
+"""``backward``: the gradients of the results that need them; ``inference``:
+under ``torch.inference_mode``, where composite ops reach dispatch as called, as
+with DTensor."""
+
+
+def _as_meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _key(op: OpOverload, args: tuple, kwargs: dict) -> str:
+    def meta(x: object) -> object:
+        return (x.shape, x.stride(), x.dtype) if isinstance(x, torch.Tensor) else x
+
+    return repr((op, tree_map(meta, (args, kwargs))))
+
+
+class _Recorder(TorchDispatchMode):
+    """Records each call on strided tensors that returns and has no key in
+    ``seen``, with its tensors as they were at the call."""
+
+    def __init__(self, seen: set[str]) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, OpOverload, tuple, dict]] = []
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.call(func, *args, **(kwargs or {}))
+
+    def call(self, func: OpOverload, *args, **kwargs) -> Any:
+        """Runs and records ``func``, also where no dispatch mode would see it."""
+        tensors = [x for x in tree_flatten((args, kwargs))[0] if torch.is_tensor(x)]
+        key = _key(func, args, kwargs)
+        if key in self.seen or any(t.layout != torch.strided for t in tensors):
+            return func(*args, **kwargs)
+        call = (func, *tree_map_only(torch.Tensor, _as_meta, (args, kwargs)))
+        out = func(*args, **kwargs)
+        if key not in self.seen:  # a composite op records its parts first
+            self.seen.add(key)
+            self.calls.append((key, *call))
+        return out
+
+
+def _composite(op: OpOverload) -> bool:
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+
+
+@dataclasses.dataclass
+class Capture:
+    """The distinct aten calls with a tensor argument that a registry answers,
+    at most ``per_op`` of an op (``composites``: also of the composite ops no
+    registry holds, which dispatch decomposes), and the runs that raised:
+    ``failures`` maps ``"<source> <variant> <sample>"`` to ``"Type: message"``;
+    ``recorded`` holds every call recorded, answered or not."""
+
+    per_op: int | None = None
+    composites: bool = True
+    calls: list[Call] = dataclasses.field(default_factory=list)
+    opinfos: int = 0
+    runs: int = 0
+    failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    recorded: list[Call] = dataclasses.field(default_factory=list)
+    _seen: set[str] = dataclasses.field(default_factory=set)
+    _count: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def failure_counts(self) -> collections.Counter:
+        """Failed runs per variant (``samples``: making the samples)."""
+        return collections.Counter(run.rsplit(" ", 2)[-2] for run in self.failures)
+
+    def run(self, run: str, fn: Callable[[_Recorder], Any]) -> Any:
+        """``fn(recorder)`` under the recorder; a failure keeps the calls made."""
+        self.runs += 1
+        recorder = _Recorder(self._seen)
+        try:
+            with recorder:
+                return fn(recorder)
+        except Exception as e:
+            self.failures[run] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            return None
+        finally:
+            source = run.rsplit(" ", 1)[0]
+            for _, op, args, kwargs in recorder.calls:
+                self.recorded.append((source, op, args, kwargs))
+                full = self.per_op is not None and self._count[op] >= self.per_op
+                where = None if full else registry(op)
+                if where == "decomposition" and not self.composites and _composite(op):
+                    continue
+                if where and tree_any(torch.is_tensor, (args, kwargs)):
+                    self._count[op] += 1
+                    self.calls.append((source, op, args, kwargs))
+
+
+def _backward(out: object, inputs: object) -> Callable[[Any], Any] | None:
+    """``torch.autograd.grad`` of the results that need grad, for the inputs
+    that need it; None when there are none."""
+
+    def needs_grad(x: object) -> list[torch.Tensor]:
+        return [t for t in tree_flatten(x)[0] if torch.is_tensor(t) and t.requires_grad]
+
+    outs, ins = needs_grad(out), needs_grad(inputs)
+    if not outs or not ins:
+        return None
+
+    def run(_: object) -> Any:
+        with _disable_current_modes():  # the seeds are not the op's calls
+            seeds = [torch.ones_like(o) for o in outs]
+        return torch.autograd.grad(
+            outs, ins, seeds, allow_unused=True, retain_graph=True
+        )
+
+    return run
+
+
+def capture_opinfo(
+    capture: Capture, opinfo: Any, samples: int | None, variants
+) -> None:
+    """Runs the first ``samples`` samples of ``opinfo`` in each of ``variants``,
+    in float32 (else an integer, complex or bool dtype) on CPU, or on meta
+    tensors when the op has no CPU kernel."""
+    name = f"{opinfo.name}.{opinfo.variant_test_name}".rstrip(".")
+    capture.opinfos += 1
+    preferred = (torch.float32, torch.int64, torch.complex64, torch.bool)
+    where = [
+        ("cpu" if device == "cpu" else "meta", dtype)
+        for device in ("cpu", "cuda")
+        for dtype in (*preferred, *sorted(opinfo.supported_dtypes(device), key=str))
+        if dtype in opinfo.supported_dtypes(device)
+    ]
+    if not where:
+        capture.failures[f"{name} samples 0"] = "no dtype on CPU or CUDA"
+        return
+    device, dtype = where[0]
+    foreach = isinstance(opinfo, ForeachFuncInfo)
+    # a foreach OpInfo without an out-of-place form runs its in-place one
+    grad = (
+        "backward" in variants
+        and opinfo.supports_autograd
+        and (dtype.is_floating_point or dtype.is_complex)
+        and not (foreach and not opinfo.supports_out)
+    )
+    kwargs = {"num_input_tensors": [2]} if foreach else {}
+    torch.default_generator.manual_seed(0)  # the same samples in every run
+    found = capture.run(
+        f"{name} samples 0",
+        # the sample function itself: sample_inputs inspects the stack per sample
+        lambda _: list(
+            itertools.islice(
+                opinfo.sample_inputs_func(opinfo, device, dtype, grad, **kwargs),
+                samples,
+            )
+        ),
+    )
+    detached = functools.partial(
+        tree_map_only, torch.Tensor, lambda t: t.detach().clone()
+    )
+    for i, s in enumerate(found or ()):
+        inputs = (s.input, s.args, s.kwargs)
+        out = capture.run(
+            f"{name} forward {i}", lambda _: opinfo.op(s.input, *s.args, **s.kwargs)
+        )
+        backward = _backward(out, inputs) if grad else None
+        if backward is not None:
+            capture.run(f"{name} backward {i}", backward)
+        if "inplace" in variants and opinfo.inplace_variant is not None:
+            x, args, kw = detached(inputs)
+            capture.run(
+                f"{name} inplace {i}", lambda _: opinfo.inplace_variant(x, *args, **kw)
+            )
+        if (
+            "out" in variants
+            and opinfo.supports_out
+            and not foreach
+            and out is not None
+        ):
+            x, args, kw = detached(inputs)
+            out = tuple(out) if isinstance(out, tuple) else out
+            res = tree_map_only(
+                torch.Tensor, lambda t: torch.empty_like(t.detach()), out
+            )
+            capture.run(f"{name} out {i}", lambda _: opinfo.op(x, *args, **kw, out=res))
+        for fn in (
+            (opinfo.op, *(a.op for a in opinfo.aliases))
+            if "inference" in variants
+            else ()
+        ):
+            with torch.inference_mode():
+                capture.run(
+                    f"{name} inference {i}", lambda _: fn(s.input, *s.args, **s.kwargs)
+                )
+
+
+def _by_hand() -> dict[str, Callable[[_Recorder], Any]]:
+    """Runs that record ops no OpInfo sample calls: the CUDA-only attention,
+    grouped mm and fused RMS norm on meta tensors (their meta kernels give the
+    metas), the fused optimizers and gradient unscaling on CPU."""
+    aten = torch.ops.aten
+
+    def t(*shape: int, dtype=torch.float32, device="meta") -> torch.Tensor:
+        x = torch.randn(shape, device=device).to(dtype)
+        return x.requires_grad_(dtype.is_floating_point)
+
+    def call(op: OpOverload, *args, grad=False, **kwargs) -> Callable:
+        def run(rec: _Recorder) -> Any:
+            out = rec.call(op, *args, **kwargs)  # a composite op as it is called
+            backward = _backward(out, args) if grad else None
+            return out if backward is None else backward(rec)
+
+        return run
+
+    def q() -> torch.Tensor:
+        return t(2, 4, 8, 16)
+
+    def two() -> list[torch.Tensor]:
+        return [torch.randn(4, 8), torch.randn(8)]
+
+    x, w, bf16 = t(4, 8), t(8), torch.bfloat16
+    runs = {
+        "flash attention": call(
+            aten._scaled_dot_product_flash_attention.default, q(), q(), q(), grad=True
+        ),
+        "efficient attention": call(
+            aten._scaled_dot_product_efficient_attention.default,
+            *(q(), q(), q(), None, True),
+            grad=True,
+        ),
+        "cudnn attention": call(
+            aten._scaled_dot_product_cudnn_attention.default,
+            *(q(), q(), q(), None, True),
+            grad=True,
+        ),
+        "grouped mm": call(
+            aten._grouped_mm.default,
+            t(16, 8, dtype=bf16),
+            t(4, 8, 16, dtype=bf16),
+            torch.tensor([4, 8, 12, 16], dtype=torch.int32, device="meta"),
+            grad=True,
+        ),
+        "fused rms norm": call(aten._fused_rms_norm.default, x, [8], w, 1e-5),
+        "fused rms norm backward": call(
+            aten._fused_rms_norm_backward.default, x, x, [8], t(4, 1), w, [True] * 2
+        ),
+        "unscale": call(
+            aten._amp_foreach_non_finite_check_and_unscale_.default,
+            *(two(), torch.zeros(1), torch.ones(1)),
+        ),
+    }
+    for adam, overload in itertools.product(
+        ("_fused_adam", "_fused_adam_", "_fused_adamw", "_fused_adamw_"),
+        ("default", "tensor_lr"),
+    ):
+        op = getattr(getattr(aten, adam), overload)
+        runs[str(op)] = call(
+            op,
+            *(two(), two(), two(), two(), [], [torch.zeros(()), torch.zeros(())]),
+            lr=0.1 if overload == "default" else torch.tensor(0.1),
+            **dict(beta1=0.9, beta2=0.99, weight_decay=0.01, eps=1e-8),
+            **dict(amsgrad=False, maximize=False),
+        )
+    return runs
+
+
+def opinfo_databases() -> list[tuple[Any, tuple[str, ...]]]:
+    """The OpInfos the capture runs, each with its variants: ``op_db`` and the
+    foreach databases in all, the Python references forward."""
+    from torch.testing._internal import common_methods_invocations as db
+
+    foreach = [
+        *db.foreach_unary_op_db,
+        *db.foreach_binary_op_db,
+        *db.foreach_pointwise_op_db,
+        *db.foreach_reduce_op_db,
+        *db.foreach_other_op_db,
+    ]
+    return [
+        *((o, VARIANTS) for o in (*db.op_db, *foreach)),
+        *((o, ("forward",)) for o in db.python_ref_db),
+    ]
+
+
+def capture_calls(
+    names: set[str] | None = None,
+    samples: int = 1,
+    per_op: int | None = None,
+    composites: bool = True,
+) -> Capture:
+    """The distinct aten calls of the first ``samples`` samples of each OpInfo
+    (a foreach one: all its samples) in its variants, and of the runs by hand;
+    at most ``per_op`` calls of an op (``composites``: see :class:`Capture`).
+    ``names`` keeps the OpInfos and runs by hand of those names."""
+    capture = Capture(per_op, composites)
+    for opinfo, variants in opinfo_databases():
+        full = f"{opinfo.name}.{opinfo.variant_test_name}".rstrip(".")
+        if names is None or names & {opinfo.name, full}:
+            foreach = isinstance(opinfo, ForeachFuncInfo)
+            capture_opinfo(capture, opinfo, None if foreach else samples, variants)
+    for source, record in _by_hand().items():
+        if names is None or source in names:
+            capture.run(f"{source} by_hand 0", record)
+    return capture
