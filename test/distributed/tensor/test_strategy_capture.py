@@ -21,8 +21,14 @@ from torch.testing._internal.distributed._tensor.strategy_capture import capture
 
 aten = torch.ops.aten
 NAMES = {"mm", "view", "unbind", "stack", "nn.functional.pad", "_foreach_add"}
-NAMES |= {"flash attention", "efficient attention", "grouped mm", "unscale"}
-NAMES |= {"fused rms norm", "aten._fused_adam_.default", "aten._fused_adam.default"}
+NAMES |= {
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._grouped_mm.default",
+}
+NAMES |= {
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._fused_adam_.default",
+}
 
 
 class TestStrategyCapture(LocalDTensorTestBase):

@@ -165,27 +165,17 @@ def capture_opinfo(
     device, dtype = where[0]
     foreach = isinstance(opinfo, ForeachFuncInfo)
     # a foreach OpInfo without an out-of-place form runs its in-place one
-    grad = (
-        "backward" in variants
-        and opinfo.supports_autograd
-        and (dtype.is_floating_point or dtype.is_complex)
-        and not (foreach and not opinfo.supports_out)
-    )
+    grad = "backward" in variants and opinfo.supports_autograd
+    grad &= dtype.is_floating_point or dtype.is_complex
+    grad &= opinfo.supports_out or not foreach
     kwargs = {"num_input_tensors": [2]} if foreach else {}
     torch.default_generator.manual_seed(0)  # the same samples in every run
+    # the sample function itself: sample_inputs inspects the stack per sample
+    make = functools.partial(opinfo.sample_inputs_func, opinfo, device, dtype, grad)
     found = capture.run(
-        f"{name} samples 0",
-        # the sample function itself: sample_inputs inspects the stack per sample
-        lambda _: list(
-            itertools.islice(
-                opinfo.sample_inputs_func(opinfo, device, dtype, grad, **kwargs),
-                samples,
-            )
-        ),
+        f"{name} samples 0", lambda _: list(itertools.islice(make(**kwargs), samples))
     )
-    detached = functools.partial(
-        tree_map_only, torch.Tensor, lambda t: t.detach().clone()
-    )
+    copy = functools.partial(tree_map_only, torch.Tensor, lambda t: t.detach().clone())
     for i, s in enumerate(found or ()):
         inputs = (s.input, s.args, s.kwargs)
         out = capture.run(
@@ -195,100 +185,80 @@ def capture_opinfo(
         if backward is not None:
             capture.run(f"{name} backward {i}", backward)
         if "inplace" in variants and opinfo.inplace_variant is not None:
-            x, args, kw = detached(inputs)
-            capture.run(
-                f"{name} inplace {i}", lambda _: opinfo.inplace_variant(x, *args, **kw)
-            )
+            x, args, kw = copy(inputs)
+            call = lambda _: opinfo.inplace_variant(x, *args, **kw)  # noqa: E731
+            capture.run(f"{name} inplace {i}", call)
         if (
             "out" in variants
             and opinfo.supports_out
             and not foreach
             and out is not None
         ):
-            x, args, kw = detached(inputs)
+            x, args, kw = copy(inputs)
             out = tuple(out) if isinstance(out, tuple) else out
             res = tree_map_only(
                 torch.Tensor, lambda t: torch.empty_like(t.detach()), out
             )
             capture.run(f"{name} out {i}", lambda _: opinfo.op(x, *args, **kw, out=res))
-        for fn in (
-            (opinfo.op, *(a.op for a in opinfo.aliases))
-            if "inference" in variants
-            else ()
-        ):
-            with torch.inference_mode():
-                capture.run(
-                    f"{name} inference {i}", lambda _: fn(s.input, *s.args, **s.kwargs)
-                )
+        for fn in (opinfo.op, *(a.op for a in opinfo.aliases)):
+            if "inference" in variants:
+                with torch.inference_mode():
+                    call = lambda _: fn(s.input, *s.args, **s.kwargs)  # noqa: E731
+                    capture.run(f"{name} inference {i}", call)
 
 
 def _by_hand() -> dict[str, Callable[[_Recorder], Any]]:
     """Runs that record ops no OpInfo sample calls: the CUDA-only attention,
     grouped mm and fused RMS norm on meta tensors (their meta kernels give the
-    metas), the fused optimizers and gradient unscaling on CPU."""
+    metas), the fused optimizers and gradient unscaling on CPU; each records
+    its op as called, and its backward."""
     aten = torch.ops.aten
 
-    def t(*shape: int, dtype=torch.float32, device="meta") -> torch.Tensor:
-        x = torch.randn(shape, device=device).to(dtype)
+    def t(*shape: int, dtype=torch.float32) -> torch.Tensor:
+        x = torch.randn(shape, device="meta").to(dtype)
         return x.requires_grad_(dtype.is_floating_point)
-
-    def call(op: OpOverload, *args, grad=False, **kwargs) -> Callable:
-        def run(rec: _Recorder) -> Any:
-            out = rec.call(op, *args, **kwargs)  # a composite op as it is called
-            backward = _backward(out, args) if grad else None
-            return out if backward is None else backward(rec)
-
-        return run
-
-    def q() -> torch.Tensor:
-        return t(2, 4, 8, 16)
 
     def two() -> list[torch.Tensor]:
         return [torch.randn(4, 8), torch.randn(8)]
 
-    x, w, bf16 = t(4, 8), t(8), torch.bfloat16
-    runs = {
-        "flash attention": call(
-            aten._scaled_dot_product_flash_attention.default, q(), q(), q(), grad=True
-        ),
-        "efficient attention": call(
+    def run(op: OpOverload, args: tuple, kwargs: dict, rec: _Recorder) -> Any:
+        backward = _backward(rec.call(op, *args, **kwargs), args)
+        return None if backward is None else backward(rec)
+
+    q, x, bf16, steps = (2, 4, 8, 16), t(4, 8), torch.bfloat16, torch.zeros(())
+    calls = [
+        (aten._scaled_dot_product_flash_attention.default, (t(*q), t(*q), t(*q))),
+        (
             aten._scaled_dot_product_efficient_attention.default,
-            *(q(), q(), q(), None, True),
-            grad=True,
+            (t(*q),) * 3 + (None, True),
         ),
-        "cudnn attention": call(
-            aten._scaled_dot_product_cudnn_attention.default,
-            *(q(), q(), q(), None, True),
-            grad=True,
-        ),
-        "grouped mm": call(
+        (aten._scaled_dot_product_cudnn_attention.default, (t(*q),) * 3 + (None, True)),
+        (
             aten._grouped_mm.default,
-            t(16, 8, dtype=bf16),
-            t(4, 8, 16, dtype=bf16),
-            torch.tensor([4, 8, 12, 16], dtype=torch.int32, device="meta"),
-            grad=True,
+            (
+                t(16, 8, dtype=bf16),
+                t(4, 8, 16, dtype=bf16),
+                torch.arange(4, 20, 4, device="meta", dtype=torch.int32),
+            ),
         ),
-        "fused rms norm": call(aten._fused_rms_norm.default, x, [8], w, 1e-5),
-        "fused rms norm backward": call(
-            aten._fused_rms_norm_backward.default, x, x, [8], t(4, 1), w, [True] * 2
-        ),
-        "unscale": call(
+        (aten._fused_rms_norm.default, (x, [8], t(8), 1e-5)),
+        (aten._fused_rms_norm_backward.default, (x, x, [8], t(4, 1), t(8), [True] * 2)),
+        (
             aten._amp_foreach_non_finite_check_and_unscale_.default,
-            *(two(), torch.zeros(1), torch.ones(1)),
+            (two(), torch.zeros(1), torch.ones(1)),
         ),
-    }
-    for adam, overload in itertools.product(
+    ]
+    runs = {str(op): functools.partial(run, op, args, {}) for op, args in calls}
+    for name, overload in itertools.product(
         ("_fused_adam", "_fused_adam_", "_fused_adamw", "_fused_adamw_"),
         ("default", "tensor_lr"),
     ):
-        op = getattr(getattr(aten, adam), overload)
-        runs[str(op)] = call(
-            op,
-            *(two(), two(), two(), two(), [], [torch.zeros(()), torch.zeros(())]),
-            lr=0.1 if overload == "default" else torch.tensor(0.1),
-            **dict(beta1=0.9, beta2=0.99, weight_decay=0.01, eps=1e-8),
-            **dict(amsgrad=False, maximize=False),
-        )
+        op = getattr(getattr(aten, name), overload)
+        lr = 0.1 if overload == "default" else torch.tensor(0.1)
+        args = (two(), two(), two(), two(), [], [steps.clone(), steps.clone()])
+        kwargs = dict(lr=lr, beta1=0.9, beta2=0.99, weight_decay=0.01, eps=1e-8)
+        kwargs |= dict(amsgrad=False, maximize=False)
+        runs[str(op)] = functools.partial(run, op, args, kwargs)
     return runs
 
 
