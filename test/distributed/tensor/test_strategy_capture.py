@@ -7,8 +7,6 @@ from unittest import mock
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor._dtensor_spec import DTensorSpec
-from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
 from torch.distributed.tensor._ops import strategy_validation
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor import strategy_contract as sc
@@ -20,15 +18,12 @@ from torch.testing._internal.distributed._tensor.strategy_capture import capture
 
 
 aten = torch.ops.aten
+BY_HAND = [
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._grouped_mm.default,
+]
 NAMES = {"mm", "view", "unbind", "stack", "nn.functional.pad", "_foreach_add"}
-NAMES |= {
-    "aten._scaled_dot_product_flash_attention.default",
-    "aten._grouped_mm.default",
-}
-NAMES |= {
-    "aten._scaled_dot_product_efficient_attention.default",
-    "aten._fused_adam_.default",
-}
+NAMES |= {*map(str, BY_HAND), str(aten._fused_adam_.default)}
 
 
 class TestStrategyCapture(LocalDTensorTestBase):
@@ -56,18 +51,8 @@ class TestStrategyCapture(LocalDTensorTestBase):
     def test_strategy_validation_contract(self) -> None:
         queries = 2 * len(capture_calls({"mm"}, composites=False).calls)
         self.assertEqual(strategy_validation.check_contract(["mm"], 4), 0)
-        query = sc.query_strategy
-
-        def without_output_metas(schema, mesh, runtime):
-            specs = query(schema, mesh, runtime).strategies
-            return OpStrategy(
-                [
-                    OpSpec(DTensorSpec(mesh, s.output_spec.placements), s.input_specs)
-                    for s in specs
-                ]
-            )
-
-        with mock.patch.object(sc, "query_strategy", without_output_metas):
+        # judged against an op without results, every answer breaks C2
+        with mock.patch.object(sc, "expected_output_metas", lambda schema: None):
             self.assertEqual(strategy_validation.check_contract(["mm"], 4), queries)
 
 

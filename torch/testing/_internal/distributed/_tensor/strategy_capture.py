@@ -17,27 +17,18 @@ from typing import Any
 
 import torch
 from torch._ops import OpOverload
-from torch.testing._internal.distributed._tensor.strategy_contract import (
-    _propagator,
-    registry,
-)
+from torch.testing._internal.distributed._tensor.strategy_contract import registry
 from torch.testing._internal.opinfo.core import ForeachFuncInfo
 from torch.utils._python_dispatch import _disable_current_modes, TorchDispatchMode
 from torch.utils._pytree import tree_any, tree_flatten, tree_map, tree_map_only
 
 
-Call = tuple[str, OpOverload, tuple, dict]
-"""``(source, op, args, kwargs)``: the run that made the call, and its
-arguments with each tensor a meta tensor."""
+Call = tuple[str, OpOverload, tuple, dict]  # (the run that made it, op, args, kwargs)
 
 VARIANTS = ("forward", "backward", "inplace", "out", "inference")
 """``backward``: the gradients of the results that need them; ``inference``:
 under ``torch.inference_mode``, where composite ops reach dispatch as called, as
 with DTensor."""
-
-
-def _as_meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
 def _key(op: OpOverload, args: tuple, kwargs: dict) -> str:
@@ -53,7 +44,7 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self, seen: set[str]) -> None:
         super().__init__()
-        self.calls: list[tuple[str, OpOverload, tuple, dict]] = []
+        self.calls: list[tuple[OpOverload, tuple, dict]] = []
         self.seen = seen
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -65,17 +56,15 @@ class _Recorder(TorchDispatchMode):
         key = _key(func, args, kwargs)
         if key in self.seen or any(t.layout != torch.strided for t in tensors):
             return func(*args, **kwargs)
-        call = (func, *tree_map_only(torch.Tensor, _as_meta, (args, kwargs)))
+        as_meta = lambda t: torch.empty_strided(  # noqa: E731
+            t.shape, t.stride(), dtype=t.dtype, device="meta"
+        )
+        call = (func, *tree_map_only(torch.Tensor, as_meta, (args, kwargs)))
         out = func(*args, **kwargs)
         if key not in self.seen:  # a composite op records its parts first
             self.seen.add(key)
-            self.calls.append((key, *call))
+            self.calls.append(call)
         return out
-
-
-def _composite(op: OpOverload) -> bool:
-    key = torch._C.DispatchKey.CompositeImplicitAutograd
-    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
 
 
 @dataclasses.dataclass
@@ -96,10 +85,6 @@ class Capture:
     _seen: set[str] = dataclasses.field(default_factory=set)
     _count: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
-    def failure_counts(self) -> collections.Counter:
-        """Failed runs per variant (``samples``: making the samples)."""
-        return collections.Counter(run.rsplit(" ", 2)[-2] for run in self.failures)
-
     def run(self, run: str, fn: Callable[[_Recorder], Any]) -> Any:
         """``fn(recorder)`` under the recorder; a failure keeps the calls made."""
         self.runs += 1
@@ -112,11 +97,14 @@ class Capture:
             return None
         finally:
             source = run.rsplit(" ", 1)[0]
-            for _, op, args, kwargs in recorder.calls:
+            composite = torch._C.DispatchKey.CompositeImplicitAutograd
+            has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+            for op, args, kwargs in recorder.calls:
                 self.recorded.append((source, op, args, kwargs))
                 full = self.per_op is not None and self._count[op] >= self.per_op
                 where = None if full else registry(op)
-                if where == "decomposition" and not self.composites and _composite(op):
+                decomposed = where == "decomposition" and not self.composites
+                if decomposed and has_kernel(op.name(), composite):
                     continue
                 if where and tree_any(torch.is_tensor, (args, kwargs)):
                     self._count[op] += 1

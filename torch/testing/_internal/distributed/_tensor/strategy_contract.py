@@ -1,12 +1,9 @@
 # mypy: allow-untyped-defs
 # Owner(s): ["oncall: distributed"]
 """
-Checks DTensor's sharding strategies against the contract stated on ``OpSpec``
-and ``OpStrategy`` in ``torch/distributed/tensor/_op_schema.py`` (C1-C4 for each
-``OpSpec``, C5 for the children of a ``TupleStrategy``): :func:`query_strategy`
-asks a registry as dispatch or a planner asks it, and
-:func:`contract_violations` judges the answer against the op's results on fake
-tensors, computed here from the op itself so that any build can be judged.
+Checks DTensor's strategies against the contract stated on ``OpSpec`` and
+``OpStrategy`` (``torch/distributed/tensor/_op_schema.py``, C1-C5), judging each
+answer by the op's results on fake tensors, so that any build can be judged.
 """
 
 import dataclasses
@@ -47,6 +44,10 @@ def _is_strategy(x: object) -> bool:
     return isinstance(x, (OpStrategy, TupleStrategy))
 
 
+def _args(op_schema: OpSchema) -> tuple[tuple, dict]:
+    return op_schema.args_schema, op_schema.kwargs_schema
+
+
 def expected_output_metas(op_schema: OpSchema) -> Metas:
     """What ``op_schema.op`` returns on its global inputs, as metas."""
     mode = FakeTensorMode()
@@ -61,16 +62,14 @@ def expected_output_metas(op_schema: OpSchema) -> Metas:
             return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype)
 
     is_leaf = lambda x: _is_strategy(x) or isinstance(x, DTensorSpec)  # noqa: E731
-    args = tree_map(
-        fake, (op_schema.args_schema, op_schema.kwargs_schema), is_leaf=is_leaf
-    )
+    args, kwargs = tree_map(fake, _args(op_schema), is_leaf=is_leaf)
     with mode:
-        out = op_schema.op(*args[0], **args[1])
+        out = op_schema.op(*args, **kwargs)
     as_meta = lambda t: TensorMeta(t.shape, t.stride(), t.dtype)  # noqa: E731
-    if isinstance(out, torch.Tensor):
+    if torch.is_tensor(out):
         return as_meta(out)
-    if isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out):
-        return tuple(as_meta(o) if isinstance(o, torch.Tensor) else None for o in out)
+    if isinstance(out, (tuple, list)) and any(map(torch.is_tensor, out)):
+        return tuple(as_meta(o) if torch.is_tensor(o) else None for o in out)
     return None
 
 
@@ -129,8 +128,7 @@ def _spec_violations(
 
 
 def _inputs(op_schema: OpSchema) -> list[OpStrategy]:
-    leaves, _ = tree_flatten((op_schema.args_schema, op_schema.kwargs_schema))
-    return [x for x in leaves if isinstance(x, OpStrategy)]
+    return [x for x in tree_flatten(_args(op_schema))[0] if isinstance(x, OpStrategy)]
 
 
 def contract_violations(
@@ -152,10 +150,7 @@ def contract_violations(
     for i, child in enumerate(strategy.children):
         pick = lambda x: x.children[i] if isinstance(x, TupleStrategy) else x  # noqa: E731
         is_leaf = lambda x: isinstance(x, TupleStrategy)  # noqa: E731
-        args = tree_map(
-            pick, (op_schema.args_schema, op_schema.kwargs_schema), is_leaf=is_leaf
-        )
-        element = OpSchema(op, *args)
+        element = OpSchema(op, *tree_map(pick, _args(op_schema), is_leaf=is_leaf))
         # A list result gives each element its entry; an in-place op, self.
         want = (
             expected[i]
@@ -237,23 +232,24 @@ def strategy_schema(
     if registry(op) == "decomposition":
         prop.decomp_strategy.ensure_schema_info(op)
 
-    def wrap(x: object) -> object:
-        if isinstance(x, torch.Tensor):
+    def wrap(x: Any) -> Any:
+        if torch.is_tensor(x):
             meta = TensorMeta(x.shape, x.stride(), x.dtype)
             specs = [
                 DTensorSpec(mesh, c, tensor_meta=meta) for c in candidates(x, mesh)
             ]
             return OpStrategy([OpSpec(s) for s in specs])
+        if isinstance(x, dict):
+            return {k: wrap(v) for k, v in x.items()}
         if not isinstance(x, (list, tuple)):
             return x
-        if x and all(isinstance(e, torch.Tensor) for e in x):
+        if x and all(map(torch.is_tensor, x)):
             return TupleStrategy([wrap(e) for e in x])
         return type(x)(wrap(e) for e in x)
 
     info = prop.op_to_schema_info.get(op)
     info = info or prop.op_to_schema_info_for_single_dim_strategy.get(op)
-    args = tuple(map(wrap, args))
-    return OpSchema(op, args, {k: wrap(v) for k, v in kwargs.items()}, schema_info=info)
+    return OpSchema(op, tuple(map(wrap, args)), wrap(kwargs), schema_info=info)
 
 
 def query_strategy(
@@ -278,9 +274,7 @@ def query_strategy(
             return x.strategies[0].output_spec
         return [spec(c) for c in x.children] if isinstance(x, TupleStrategy) else x
 
-    args, kwargs = tree_map(
-        spec, (op_schema.args_schema, op_schema.kwargs_schema), is_leaf=_is_strategy
-    )
+    args, kwargs = tree_map(spec, _args(op_schema), is_leaf=_is_strategy)
     specs = OpSchema(op, args, kwargs, schema_info=op_schema.schema_info)
     metas = prop._propagate_tensor_meta_non_cached(specs)
     if "output_tensor_meta" in {f.name for f in dataclasses.fields(OpSchema)}:
@@ -337,10 +331,8 @@ def eager_error(
     from torch.distributed._local_tensor import LocalTensorMode
 
     def dtensor(x: torch.Tensor) -> DTensor:
-        global_ = torch.zeros(x.shape, dtype=x.dtype)
-        if x.dtype.is_floating_point:
-            global_.normal_()
-        return distribute_tensor(global_, mesh, candidates(x, mesh)[0])
+        data = torch.randn(x.shape).to(x.dtype)
+        return distribute_tensor(data, mesh, candidates(x, mesh)[0])
 
     with LocalTensorMode(frozenset(range(mesh.size()))), torch.inference_mode():
         try:
