@@ -14,7 +14,10 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
     with_comms,
 )
-from torch.testing._internal.distributed._tensor.strategy_capture import capture_calls
+from torch.testing._internal.distributed._tensor.strategy_capture import (
+    capture_calls,
+    eager_error,
+)
 
 
 aten = torch.ops.aten
@@ -43,7 +46,7 @@ class TestStrategyCapture(LocalDTensorTestBase):
                 try:
                     found = sc.check_call(op, args, kwargs, mesh, runtime)
                 except Exception as e:
-                    eager = sc.eager_error(op, args, kwargs, mesh)
+                    eager = eager_error(op, args, kwargs, mesh)
                     found = [] if eager else [f"refused ({e}); eager DTensor runs it"]
                 self.assertEqual(found, [])
 

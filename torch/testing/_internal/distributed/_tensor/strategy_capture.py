@@ -17,7 +17,12 @@ from typing import Any
 
 import torch
 from torch._ops import OpOverload
-from torch.testing._internal.distributed._tensor.strategy_contract import registry
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import distribute_tensor, DTensor
+from torch.testing._internal.distributed._tensor.strategy_contract import (
+    registry,
+    runtime_candidate,
+)
 from torch.testing._internal.opinfo.core import ForeachFuncInfo
 from torch.utils._python_dispatch import _disable_current_modes, TorchDispatchMode
 from torch.utils._pytree import tree_any, tree_flatten, tree_map, tree_map_only
@@ -288,3 +293,28 @@ def capture_calls(
         if names is None or source in names:
             capture.run(f"{source} by_hand 0", record)
     return capture
+
+
+def eager_error(
+    op: OpOverload,
+    args: tuple,
+    kwargs: dict,
+    mesh: DeviceMesh,
+    candidates=runtime_candidate,
+) -> str | None:
+    """Why eager DTensor refuses ``op`` on DTensors placed as the first of
+    ``candidates`` (in ``LocalTensorMode`` and inference mode, where composite
+    ops reach dispatch as called), or None when it runs the call."""
+    from torch.distributed._local_tensor import LocalTensorMode
+
+    def dtensor(x: torch.Tensor) -> DTensor:
+        data = torch.randn(x.shape).to(x.dtype)
+        return distribute_tensor(data, mesh, candidates(x, mesh)[0])
+
+    with LocalTensorMode(frozenset(range(mesh.size()))), torch.inference_mode():
+        try:
+            args, kwargs = tree_map_only(torch.Tensor, dtensor, (args, kwargs))
+            op(*args, **kwargs)
+        except Exception as e:
+            return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    return None

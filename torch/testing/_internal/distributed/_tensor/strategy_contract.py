@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import distribute_tensor, DTensor
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
     OpSchema,
@@ -29,7 +29,7 @@ from torch.distributed.tensor._op_schema import (
     TupleStrategy,
 )
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
-from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map
 
 
 Metas = TensorMeta | tuple[TensorMeta | None, ...] | None  # None: no tensor result
@@ -316,28 +316,3 @@ def check_call(
     if strategy is None:  # a finding where the op returns a tensor
         return [] if expected is None else [f"{op}: no strategy to judge"]
     return contract_violations(schema, strategy, expected)
-
-
-def eager_error(
-    op: OpOverload,
-    args: tuple,
-    kwargs: dict,
-    mesh: DeviceMesh,
-    candidates=runtime_candidate,
-) -> str | None:
-    """Why eager DTensor refuses ``op`` on DTensors placed as the first of
-    ``candidates`` (in ``LocalTensorMode`` and inference mode, where composite
-    ops reach dispatch as called), or None when it runs the call."""
-    from torch.distributed._local_tensor import LocalTensorMode
-
-    def dtensor(x: torch.Tensor) -> DTensor:
-        data = torch.randn(x.shape).to(x.dtype)
-        return distribute_tensor(data, mesh, candidates(x, mesh)[0])
-
-    with LocalTensorMode(frozenset(range(mesh.size()))), torch.inference_mode():
-        try:
-            args, kwargs = tree_map_only(torch.Tensor, dtensor, (args, kwargs))
-            op(*args, **kwargs)
-        except Exception as e:
-            return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-    return None
