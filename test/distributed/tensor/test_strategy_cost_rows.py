@@ -1,70 +1,46 @@
 # Owner(s): ["oncall: distributed"]
-"""Cost rows are kept across strategy queries, until the sharding caches are
-cleared."""
+"""Cost rows are kept across planner queries (a model's layers repeat them) until
+the sharding caches are cleared."""
 
 from unittest import mock
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
 from torch.distributed.tensor._ops import utils
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.testing._internal.common_utils import run_tests
-from torch.testing._internal.distributed._tensor.strategy_contract import (
-    StrategyContractTestCase,
+from torch.testing._internal.distributed._tensor import strategy_contract as sc
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    LocalDTensorTestBase,
+    with_comms,
 )
 
 
-aten = torch.ops.aten
+PROP, MM = DTensor._op_dispatcher.sharding_propagator, torch.ops.aten.mm.default
+ARGS = (torch.randn(8, 4), torch.randn(4, 8))
 
 
-class TestStrategyCostRows(StrategyContractTestCase):
-    def mm_query(self, mesh: DeviceMesh) -> OpStrategy:
-        def candidates(t: torch.Tensor) -> OpStrategy:
-            meta = TensorMeta(t.shape, t.stride(), t.dtype)
-            return OpStrategy(
-                [
-                    OpSpec(DTensorSpec(mesh, (p,) * mesh.ndim, tensor_meta=meta))
-                    for p in (Replicate(), Shard(0), Shard(1))
-                ]
-            )
+class TestStrategyCostRows(LocalDTensorTestBase):
+    def costs_computed(self, mesh: DeviceMesh) -> tuple[list, int]:
+        """A planner's ``mm`` query: its cost rows, and how many costs it computed."""
+        schema = sc.strategy_schema(MM, ARGS, {}, mesh, sc.planner_candidates)
+        cost = utils.redistribute_cost  # what the strategy utilities call
+        with mock.patch.object(utils, "redistribute_cost", wraps=cost) as m:
+            answer = PROP.enumerate_strategies(schema)
+        return [s.redistribute_cost for s in answer.strategies], m.call_count
 
-        schema = OpSchema(
-            aten.mm.default,
-            (candidates(torch.randn(8, 4)), candidates(torch.randn(4, 8))),
-            {},
-        )
-        propagator = DTensor._op_dispatcher.sharding_propagator
-        return propagator.enumerate_strategies(schema)
-
-    def priced_query(self, mesh: DeviceMesh) -> tuple[OpStrategy, int]:
-        """The answer, and how many redistribution costs it computed."""
-        with mock.patch.object(
-            utils, "redistribute_cost", wraps=utils.redistribute_cost
-        ) as priced:
-            answer = self.mm_query(mesh)
-        return answer, priced.call_count
-
-    def test_a_repeated_query_computes_no_cost(self) -> None:
-        for mesh in self.meshes.values():
+    @with_comms
+    def test_repeated_query_computes_no_cost_until_caches_are_cleared(self) -> None:
+        """Same rows each time; computed only when no query has asked them yet."""
+        for shape in [(4,), (2, 2)]:
+            mesh = init_device_mesh("cpu", shape)
             _clear_sharding_prop_cache()
-            first, computed = self.priced_query(mesh)
-            second, recomputed = self.priced_query(mesh)
+            rows, computed = self.costs_computed(mesh)
             self.assertGreater(computed, 0)
-            self.assertEqual(recomputed, 0)
-            self.assertEqual(
-                [s.redistribute_cost for s in second.strategies],
-                [s.redistribute_cost for s in first.strategies],
-            )
-
-    def test_clearing_the_sharding_caches_clears_cost_rows(self) -> None:
-        self.mm_query(self.meshes["4"])
-        _clear_sharding_prop_cache()
-        _, computed = self.priced_query(self.meshes["4"])
-        self.assertGreater(computed, 0)
+            self.assertEqual(self.costs_computed(mesh), (rows, 0))
+            _clear_sharding_prop_cache()
+            self.assertEqual(self.costs_computed(mesh), (rows, computed))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+# Owner(s): ["oncall: distributed"]
+"""The out overloads of the reductions: registered like the result, ``out`` is
+placed as the result is, so the call runs and gives plain torch's values."""
+
+import torch
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.tensor import distribute_tensor, Replicate, Shard
+from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    LocalDTensorTestBase,
+    with_comms,
+)
+
+
+class TestReductionOutOverloads(LocalDTensorTestBase):
+    @with_comms
+    def test_out_placed_like_the_result(self) -> None:
+        """The functional rule placed the result and the input but not ``out``,
+        so each call failed in the expansion."""
+        mesh = self.build_device_mesh()
+        x = torch.randn(8, 6)
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            for fn, inp in [
+                (torch.amax, x),
+                (torch.amin, x),
+                (torch.mean, x),
+                (torch.prod, x),
+                (torch.any, x > 0),
+            ]:
+                expected = fn(inp, 1)
+                for placement in (Shard(0), Replicate()):
+                    with self.subTest(fn=fn.__name__, placement=placement):
+                        dt = distribute_tensor(inp, mesh, [placement])
+                        empty = torch.empty_like(expected)
+                        out = distribute_tensor(empty, mesh, [placement])
+                        fn(dt, 1, out=out)
+                        self.assertEqual(out.placements, (placement,))
+                        self.assertEqual(out.full_tensor(), expected)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,110 @@
+# Owner(s): ["oncall: distributed"]
+"""Strategies build complete specs, with the metas of dispatch's one shape inference."""
+
+import itertools
+from contextlib import nullcontext
+from unittest import mock
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, DTensor, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._op_schema import OpSchema
+from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor import strategy_contract as sc
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    LocalDTensorTestBase,
+    with_comms,
+)
+from torch.utils._pytree import tree_map_only
+
+
+aten, X = torch.ops.aten, torch.randn(8, 4)
+PROP, MESHES = DTensor._op_dispatcher.sharding_propagator, [(4,), (2, 2)]
+INFER = "_propagate_tensor_meta_non_cached"  # the shape inference dispatch runs
+# Strategies that built specs without metas; convolution_backward masking one off.
+CALLS = [(aten.view.default, (X, [32])), (aten.unbind.int, (X, 1))]
+CALLS += [(aten.stack.default, ([X, X], 1)), (aten.mm.default, (X, X.t()))]
+CONV = (torch.randn(4, 4, 6, 6), torch.randn(4, 3, 8, 8), torch.randn(4, 3, 3, 3))
+CONV += ([4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, True])
+Q = torch.empty(8, 8, 16, 16, device="meta", dtype=torch.float16)
+# Attention: arguments, and the RNG-state results eager DTensor returns rank-local.
+ATTENTION = [
+    ("efficient", (Q, Q, Q, Q, True, 0.1), frozenset({2, 3})),
+    ("flash", (Q, Q, Q, 0.1, True, True), frozenset({7})),
+    ("cudnn", (Q, Q, Q, Q, True, 0.1, False, True), frozenset({6, 7})),
+]
+# The backward's arguments after (grad, q, k, v), from the forward's args and outs.
+BACKWARD = {
+    "efficient": lambda a, o: (a[3], *o[:4], a[5], [True] * 4),
+    "flash": lambda a, o: (*o[:2], None, None, 16, 16, a[3], False, *o[6:8]),
+    "cudnn": lambda a, o: (*o[:2], *o[6:8], a[3], None, None, 16, 16, a[5], False),
+}
+
+
+class TestStrategyOutputMetas(LocalDTensorTestBase):
+    @with_comms
+    def test_shape_inference_runs_once_per_runtime_query(self) -> None:
+        """Strategies reuse dispatch's metas, also under a fake mode (no cache)."""
+        mesh = init_device_mesh("cpu", (2, 2))
+
+        def spec(t: torch.Tensor) -> DTensorSpec:
+            meta = TensorMeta(t.shape, t.stride(), t.dtype)
+            return DTensorSpec(mesh, sc.runtime_candidate(t, mesh)[0], tensor_meta=meta)
+
+        for (op, args), ctx in itertools.product(CALLS, (nullcontext, FakeTensorMode)):
+            info = sc.strategy_schema(op, args, {}, mesh).schema_info
+            schema = OpSchema(op, tree_map_only(torch.Tensor, spec, args), {}, info)
+            with mock.patch.object(PROP, INFER, wraps=getattr(PROP, INFER)) as m, ctx():
+                PROP.propagate_op_sharding_non_cached(schema)
+            self.assertEqual(m.call_count, 1, f"{op} in {ctx.__name__}")
+
+    @with_comms
+    def test_specs_carry_metas(self) -> None:
+        """They had none; a masked-off result made a 2-D expansion raise, and a call
+        the op rejects (``mm`` of (8, 4) by (5, 8)) gave specs without metas."""
+        calls = [*CALLS, (aten.convolution_backward.default, CONV)]
+        for shape, (op, args) in itertools.product(MESHES, calls):
+            mesh = init_device_mesh("cpu", shape)
+            self.assertEqual(sc.check_call(op, args, {}, mesh), [], f"on {mesh}")
+        schema = sc.strategy_schema(aten.mm.default, (X, torch.randn(5, 8)), {}, mesh)
+        rules = [[Replicate()] * 3]
+        with self.assertRaisesRegex(RuntimeError, "aten.mm.default: cannot build"):
+            expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
+
+    @with_comms
+    def test_attention_rng_state(self) -> None:
+        """RNG state: ``Replicate`` with metas, not ``None``; eager keeps it local."""
+        for shape, (name, args, local) in itertools.product(MESHES, ATTENTION):
+            mesh = init_device_mesh("cpu", shape)
+            prefix = f"_scaled_dot_product_{name}_attention"
+            op, bwd = (getattr(aten, prefix + s).default for s in ("", "_backward"))
+            schema = sc.strategy_schema(op, args, {}, mesh)
+            answer = sc.query_strategy(schema, mesh, runtime=True)
+            want = sc.expected_output_metas(schema)
+            self.assertEqual(sc.contract_violations(schema, answer, want, local), [])
+            b_args = (Q, Q, Q, Q, *BACKWARD[name](args, op(*args)))
+            self.assertEqual(sc.check_call(bwd, b_args, {}, mesh), [])
+            dq = DTensor.from_local(Q, mesh, [Replicate()] * mesh.ndim, run_check=False)
+            results = op(*(dq if a is Q else a for a in args))
+            plain = {i for i, r in enumerate(results) if type(r) is torch.Tensor}
+            self.assertEqual(plain, local)
+
+    @with_comms
+    def test_inplace_foreach_with_a_scalar_list(self) -> None:
+        """Each element's metas are inferred with its own scalar."""
+        mesh, plain = init_device_mesh("cpu", (4,)), list(torch.rand(2, 8, 4))
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            xs = [distribute_tensor(t.clone(), mesh, [Shard(0)]) for t in plain]
+            for ts in (xs, plain):
+                torch._foreach_add_(ts, [10.0, 2.0])
+                torch._foreach_addcmul_(ts, ts, ts, [1.0, 3.0])
+                torch._foreach_addcdiv_(ts, ts, ts, [0.5, 4.0])
+            self.assertEqual([x.full_tensor() for x in xs], plain)
+
+
+if __name__ == "__main__":
+    run_tests()
