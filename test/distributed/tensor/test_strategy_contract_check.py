@@ -26,17 +26,18 @@ def meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
 
 
 class TestStrategyContractCheck(LocalDTensorTestBase):
-    def check(self, op, args: tuple, *specs: OpSpec) -> list[str]:
-        """Findings on one OpSpec, or on one per child of the TupleStrategy in args."""
+    def check(self, op, args: tuple, *specs: OpSpec, finding: str = "") -> None:
+        """``specs``, as one OpSpec (or one per child of the TupleStrategy in
+        ``args``), give no finding, or exactly one that matches ``finding``."""
         schema = OpSchema(op, args, {})
         answer = [OpStrategy([s]) for s in specs]
         answer = answer[0] if len(specs) == 1 else TupleStrategy(answer)
-        return sc.contract_violations(schema, answer, sc.expected_output_metas(schema))
+        found = sc.contract_violations(schema, answer, sc.expected_output_metas(schema))
+        self.assertEqual(len(found), 1 if finding else 0, found)
+        self.assertRegex(found[0] if found else "", finding or "^$")
 
-    def spec(self, placement, tensor_meta) -> DTensorSpec:
-        return DTensorSpec(
-            self.build_device_mesh(), (placement,), tensor_meta=tensor_meta
-        )
+    def spec(self, p, m: TensorMeta | None) -> DTensorSpec:
+        return DTensorSpec(self.build_device_mesh(), (p,), tensor_meta=m)
 
     def inputs(self, *metas: TensorMeta, candidates=(R,)) -> list[OpStrategy]:
         return [
@@ -46,9 +47,9 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
     @with_comms
     def test_each_clause(self) -> None:
         a, b, out = meta(8, 4), meta(4, 8), self.spec(S, meta(8, 8))
-        args = (*self.inputs(a, candidates=(R, S)), *self.inputs(b))
+        args = (aten.mm.default, (*self.inputs(a, candidates=(R, S)), *self.inputs(b)))
         ins, costs = [self.spec(S, a), self.spec(R, b)], [[1.0, 0.0], [0.0]]
-        self.assertEqual(self.check(aten.mm.default, args, OpSpec(out, ins, costs)), [])
+        self.check(*args, OpSpec(out, ins, costs))
         int_out = self.spec(S, meta(8, 8, dtype=torch.int64))
         for clause, spec in [
             ("C1", OpSpec(self.spec(S, None), ins, costs)),
@@ -59,27 +60,17 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
             ("C4", OpSpec(out, ins, [[0.0], [0.0]])),
             ("C4", OpSpec(out, ins, [[-1.0, 0.0], [0.0]])),
         ]:
-            found = self.check(aten.mm.default, args, spec)
-            self.assertEqual(len(found), 1, found)
-            self.assertRegex(found[0], f"^aten.mm.default OpSpec 0 .*{clause} ")
+            self.check(*args, spec, finding=f"^aten.mm.default OpSpec 0 .*{clause} ")
 
     @with_comms
-    def test_none_exactly_where_the_op_returns_none(self) -> None:
+    def test_none_where_the_op_returns_none_and_tuple_children(self) -> None:
         metas = (meta(4, 4, 6, 6), meta(4, 3, 8, 8), meta(4, 3, 3, 3))
         args = (*self.inputs(*metas), [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
-        args += ([False, True, True],)  # no grad_input
+        conv = (aten.convolution_backward.default, (*args, [False, True, True]))
         ins, costs = [self.spec(R, m) for m in metas], [[0.0]] * 3
         outs = [self.spec(R, m) for m in (metas[1], metas[2], meta(4))]
-        op = aten.convolution_backward.default
-        self.assertEqual(
-            self.check(op, args, OpSpec((None, *outs[1:]), ins, costs)), []
-        )
-        found = self.check(op, args, OpSpec(tuple(outs), ins, costs))
-        self.assertEqual(len(found), 1, found)
-        self.assertIn("output 0: C2", found[0])
-
-    @with_comms
-    def test_tuple_strategy_children(self) -> None:
+        self.check(*conv, OpSpec((None, *outs[1:]), ins, costs))  # no grad_input
+        self.check(*conv, OpSpec(tuple(outs), ins, costs), finding="output 0: C2")
         x, y = meta(8, 4), meta(4, 8)
         args = (TupleStrategy(self.inputs(x, y, candidates=(S,))),)
         # the second child's output has no meta
@@ -87,9 +78,7 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
             OpSpec(self.spec(S, out), [self.spec(S, m)], [[0.0]])
             for m, out in ((x, x), (y, None))
         ]
-        found = self.check(aten._foreach_abs.default, args, *children)
-        self.assertEqual(len(found), 1, found)
-        self.assertTrue(found[0].startswith("child 1: "), found)
+        self.check(aten._foreach_abs.default, args, *children, finding="^child 1: ")
 
 
 if __name__ == "__main__":

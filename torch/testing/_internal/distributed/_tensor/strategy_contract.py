@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 
 Metas = TensorMeta | tuple[TensorMeta | None, ...] | None  # None: no tensor result
+Candidates = list[tuple[Placement, ...]]  # an input's placements, one per candidate
 
 
 def _leaf_meta(x: object) -> TensorMeta | None:
@@ -204,19 +205,17 @@ def _options(t: torch.Tensor, mesh: DeviceMesh) -> list[Placement]:
     return [Replicate(), *map(Shard, dims)]
 
 
-def runtime_candidate(t: torch.Tensor, mesh: DeviceMesh) -> list[tuple[Placement, ...]]:
+def runtime_candidate(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
     """The one candidate dispatch sees: sharded on the first evenly shardable dim."""
     options = _options(t, mesh)
     return [(options[min(1, len(options) - 1)],) * mesh.ndim]
 
 
-def planner_candidates(
-    t: torch.Tensor, mesh: DeviceMesh
-) -> list[tuple[Placement, ...]]:
-    """A planner's candidates: ``Replicate`` and each evenly shardable dim per
-    mesh dim (six at most)."""
-    options = itertools.product(_options(t, mesh), repeat=mesh.ndim)
-    return list(itertools.islice(options, 6))
+def planner_candidates(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
+    """``Replicate`` and each evenly shardable dim, per mesh dim (six at most)."""
+    return list(
+        itertools.islice(itertools.product(_options(t, mesh), repeat=mesh.ndim), 6)
+    )
 
 
 def strategy_schema(
@@ -257,8 +256,7 @@ def query_strategy(
 ) -> StrategyType | None:
     """The registry's strategy for ``op_schema``, asked as dispatch asks it
     (``runtime``: with the metas it inferred, on the schema where ``OpSchema``
-    carries them) or as a planner does
-    (``ShardingPropagator.enumerate_strategies``)."""
+    carries them) or as a planner does (``enumerate_strategies``)."""
     from torch.distributed.tensor._ops.single_dim_strategy import (
         _expand_single_dim_strategy_to_mesh,
     )
