@@ -27,8 +27,7 @@ def meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
 
 class TestStrategyContractCheck(LocalDTensorTestBase):
     def check(self, op, args: tuple, *specs: OpSpec, finding: str = "") -> None:
-        """``specs``, as one OpSpec (or one per child of the TupleStrategy in
-        ``args``), give no finding, or exactly one that matches ``finding``."""
+        """No finding for ``specs`` (children if ``args`` holds a tuple), or one."""
         schema = OpSchema(op, args, {})
         answer = [OpStrategy([s]) for s in specs]
         answer = answer[0] if len(specs) == 1 else TupleStrategy(answer)

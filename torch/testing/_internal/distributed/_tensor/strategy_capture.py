@@ -1,11 +1,9 @@
 # mypy: allow-untyped-defs
 # Owner(s): ["oncall: distributed"]
 """
-Captures the aten calls DTensor's registries answer, to check their strategies
-with ``strategy_contract``: the samples of ``op_db`` and of the foreach
-databases run forward, backward, in place, with ``out=`` and in inference mode,
-the Python references forward, and ops no sample calls run by hand, the
-CUDA-only ones on meta tensors. Each call keeps its tensors as meta tensors.
+The aten calls DTensor's registries answer, to check their strategies with
+``strategy_contract``: OpInfo samples run in every variant of ``VARIANTS``, and
+ops no sample calls run by hand, the CUDA-only ones on meta tensors.
 """
 
 import collections
@@ -30,10 +28,9 @@ from torch.utils._pytree import tree_any, tree_flatten, tree_map, tree_map_only
 
 Call = tuple[str, OpOverload, tuple, dict]  # (the run that made it, op, args, kwargs)
 
+# backward: the gradients of the inputs that need them; inference: composite ops
+# reach dispatch as called, as with DTensor
 VARIANTS = ("forward", "backward", "inplace", "out", "inference")
-"""``backward``: the gradients of the results that need them; ``inference``:
-under ``torch.inference_mode``, where composite ops reach dispatch as called, as
-with DTensor."""
 
 
 def _key(op: OpOverload, args: tuple, kwargs: dict) -> str:
@@ -117,24 +114,19 @@ class Capture:
 
 
 def _backward(out: object, inputs: object) -> Callable[[Any], Any] | None:
-    """``torch.autograd.grad`` of the results that need grad, for the inputs
-    that need it; None when there are none."""
-
-    def needs_grad(x: object) -> list[torch.Tensor]:
-        return [t for t in tree_flatten(x)[0] if torch.is_tensor(t) and t.requires_grad]
-
-    outs, ins = needs_grad(out), needs_grad(inputs)
-    if not outs or not ins:
-        return None
+    """The gradients of the results that need grad for the inputs that need it
+    (None when there are none), as a run."""
+    outs, ins = (
+        [t for t in tree_flatten(x)[0] if torch.is_tensor(t) and t.requires_grad]
+        for x in (out, inputs)
+    )
 
     def run(_: object) -> Any:
         with _disable_current_modes():  # the seeds are not the op's calls
             seeds = [torch.ones_like(o) for o in outs]
-        return torch.autograd.grad(
-            outs, ins, seeds, allow_unused=True, retain_graph=True
-        )
+        return torch.autograd.grad(outs, ins, seeds, allow_unused=True)
 
-    return run
+    return run if outs and ins else None
 
 
 def capture_opinfo(
@@ -218,21 +210,15 @@ def _by_hand() -> dict[str, Callable[[_Recorder], Any]]:
         backward = _backward(rec.call(op, *args, **kwargs), args)
         return None if backward is None else backward(rec)
 
-    q, x, bf16, steps = (2, 4, 8, 16), t(4, 8), torch.bfloat16, torch.zeros(())
+    q, x, bf16, steps = t(2, 4, 8, 16), t(4, 8), torch.bfloat16, torch.zeros(())
+    offsets = torch.arange(4, 20, 4, device="meta", dtype=torch.int32)
     calls = [
-        (aten._scaled_dot_product_flash_attention.default, (t(*q), t(*q), t(*q))),
-        (
-            aten._scaled_dot_product_efficient_attention.default,
-            (t(*q),) * 3 + (None, True),
-        ),
-        (aten._scaled_dot_product_cudnn_attention.default, (t(*q),) * 3 + (None, True)),
+        (aten._scaled_dot_product_flash_attention.default, (q, q, q)),
+        (aten._scaled_dot_product_efficient_attention.default, (q, q, q, None, True)),
+        (aten._scaled_dot_product_cudnn_attention.default, (q, q, q, None, True)),
         (
             aten._grouped_mm.default,
-            (
-                t(16, 8, dtype=bf16),
-                t(4, 8, 16, dtype=bf16),
-                torch.arange(4, 20, 4, device="meta", dtype=torch.int32),
-            ),
+            (t(16, 8, dtype=bf16), t(4, 8, 16, dtype=bf16), offsets),
         ),
         (aten._fused_rms_norm.default, (x, [8], t(8), 1e-5)),
         (aten._fused_rms_norm_backward.default, (x, x, [8], t(4, 1), t(8), [True] * 2)),
