@@ -16,19 +16,7 @@ CLAUSES = ("C1", "C2", "C3", "C4", "C5")
 CATEGORIES = ("ok", "violation", "error", "refused", "no_strategy", "tensor_list", "unjudged")
 LABELS = {"no_strategy": "no strategy", "tensor_list": "tensor-list call"}
 
-# Fragments of the messages by which DTensor refuses a runtime placement on purpose:
-# the input would have to move, and a view or an in-place write cannot move it.
-REFUSAL_MESSAGES = (
-    "requires redistribution",
-    "cannot be performed without redistribution",
-    "placement changes are not supported",
-    "flatten unevenly sharded tensor",  # flatten and unflatten views
-    "no valid sharding strategy for the input placements",  # an out= or in-place argument that cannot move
-)
 REACH_TARGET = 0.95  # share of the registered ops a full audit must ask
-# Exception types that refuse whatever the message: an op DTensor does not do for that
-# input, or a result whose size depends on the data, which eager DTensor must know first.
-REFUSAL_TYPES = ("NotImplementedError", "DynamicOutputShapeException", "DataDependentOutputException")
 
 LEGEND = {
     "ops": "distinct aten ops queried",
@@ -36,14 +24,18 @@ LEGEND = {
     "ok": "answered, and every OpSpec meets C1-C5",
     "violation": "answered with at least one OpSpec breaking the contract",
     "C1-C5": "queries whose violations name that clause (a query can name several)",
-    "error": "the registry raised; a planner or utility query never counts as refused: a planner "
-    "drops the candidates it cannot serve instead of raising",
-    "refused": "runtime query raised a deliberate refusal (placement needs redistribution, "
-    "NotImplementedError, data-dependent result): a right answer, not an error, unless stock answers the "
-    "same call (then it is listed as a new refusal and fails --strict)",
-    "no strategy": "nothing to judge: the decomposition registry answered None (or, at runtime, raised, "
-    "which dispatch reports as no strategy), or (utility) the op has no single-dim rule: another registry "
-    "holds it",
+    "error": "the query raised, and eager DTensor runs the same call with the same input placements "
+    "(runtime: the one sharded candidate; planner: the first candidate, all-Replicate), or it timed out; "
+    "a utility query that raises is always an error",
+    "refused": "a runtime or planner query raised and eager DTensor, asked the same call on the same "
+    "placements, raises too; or a NotImplementedError for a composite op, which dispatch decomposes "
+    "instead. A right answer, unless stock's runtime answers the same call (listed as a new refusal, fails "
+    "--strict)",
+    "no strategy": "nothing to judge: runtime: dispatch asks no strategy (`_local_scalar_dense`; a "
+    "decomposition that raises or answers None is reported by dispatch as a NotImplementedError, judged "
+    "as error or refused); planner: stock's decomposition path answered "
+    "None (the built torch's `enumerate_strategies` raises instead, judged as error or refused); utility: "
+    "the op has no single-dim rule (another registry holds it)",
     "tensor-list call": "utility mode only: a foreach/cat-style call with a tensor-list argument, "
     "which the utility does not expand",
     "unjudged": "answered, but the op's result meta cannot be computed from input metas "
@@ -51,15 +43,13 @@ LEGEND = {
 }
 
 
-def refusal_reason(type_names: list[str], message: str) -> str | None:
-    """Why an exception (its chain's type names, their messages joined) is a refusal, or None."""
-    for name in type_names:
-        if name in REFUSAL_TYPES:
-            return name
-    for fragment in REFUSAL_MESSAGES:
-        if fragment.lower() in message.lower():
-            return fragment
-    return None
+def raised_category(mode: str, decomposes: bool, eager_refusal: str | None) -> str:
+    """The category of a query that raised: refused when dispatch decomposes the op instead
+    (``decomposes``) or eager DTensor, asked the same call, raises too (``eager_refusal``);
+    otherwise an error. A rule author's utility call never refuses."""
+    if mode == "utility":
+        return "error"
+    return "refused" if decomposes or eager_refusal else "error"
 
 
 def clauses(violations: list[str]) -> set[str]:
@@ -69,7 +59,7 @@ def clauses(violations: list[str]) -> set[str]:
 
 def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
     """Both workers' documents as one report: per (mode, mesh), stock's and built's results side by side,
-    and the calls built refuses or raises for where stock, asked the same, answers."""
+    and the calls built refuses where stock, asked the same, answers."""
     for role in ROLES:
         if role not in docs:
             raise ValueError(f"the {role} worker's results are missing")
@@ -87,7 +77,7 @@ def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
         stock_by_call = keyed[("stock", mode, mesh)].get("by_call", {})
         entry["new_refusals"] = sorted(
             call for call, category in keyed[("built", mode, mesh)].get("by_call", {}).items()
-            if category in ("refused", "error") and call in stock_calls
+            if category == "refused" and call in stock_calls
             and stock_by_call.get(call, "ok") in ("ok", "violation", "unjudged"))
         results.append(entry)
     report = {
@@ -102,7 +92,9 @@ def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
 
 def strict_failures(report: dict[str, Any]) -> list[str]:
     """Why the built torch fails ``--strict``: any violation, error, planner query without a strategy, or
-    refusal stock does not make; in a full audit, fewer than REACH_TARGET of the registered ops asked."""
+    runtime refusal stock's dispatch does not make; in a full audit, fewer than REACH_TARGET of the
+    registered ops asked. A planner refusal eager DTensor makes too is right even where stock's raw
+    registry call offered an answer: eager DTensor does not run what it offered."""
     reasons = []
     for r in report["results"]:
         c = r["built"]["counts"]
@@ -110,7 +102,7 @@ def strict_failures(report: dict[str, Any]) -> list[str]:
         bad += [f"{c['error']} errors"] if c["error"] else []
         if r["mode"] == "planner" and c["no_strategy"]:
             bad.append(f"{c['no_strategy']} without a strategy")
-        if r.get("new_refusals"):
+        if r["mode"] == "runtime" and r.get("new_refusals"):
             bad.append(f"{len(r['new_refusals'])} refused where stock answers")
         if bad:
             reasons.append(f"built {r['mode']} mesh {r['mesh']}: {', '.join(bad)} of {c['queries']} queries")
@@ -239,9 +231,17 @@ def render(report: dict[str, Any]) -> str:
         *reach_lines(report),
         "",
         "Modes: `runtime` asks each registry as DTensor's dispatch does (one sharded candidate per input, "
-        "output metas given); `planner` asks with several candidates per input and no output metas; "
-        "`utility` expands an op's single-dim rule with `expand_to_full_mesh_op_strategy` as a rule "
-        "author does (placeholders as `Shard`, the all-`Replicate` rule added), without output metas.",
+        "output metas given, a raising decomposition reported as no sharding strategy); `planner` asks with "
+        "several candidates per input (the first all-`Replicate`) through "
+        "`ShardingPropagator.enumerate_strategies`, the planner entry point, where the torch has it, and "
+        "otherwise (stock) calls the op's registry directly as a planner had to there; `utility` expands an "
+        "op's single-dim rule with `expand_to_full_mesh_op_strategy` as a rule author does (placeholders as "
+        "`Shard`, the all-`Replicate` rule added), without output metas.",
+        "",
+        "A runtime or planner query that raises is judged against eager DTensor: the same call on DTensors "
+        "placed as the query's first candidate, run in `LocalTensorMode` (`eager_error` in "
+        "`strategy_contract.py`). Where eager DTensor raises too, the query is refused (a right answer); "
+        "where it runs, the query's raise is an error.",
         "",
         "## Summary, stock vs built",
         "",
@@ -261,10 +261,14 @@ def render(report: dict[str, Any]) -> str:
         ("Built: planner queries without a strategy", ("no_strategy",), ("planner",), False),
         ("Built: unjudged answers", ("unjudged",), MODES, False),
     ]
-    out += ["", "## Built: refused where stock answers the same call", "", new_refusal_table(report)]
+    out += ["", "## Built: refused where stock answers the same call", "",
+            "Runtime rows fail --strict: stock's dispatch runs what built's refuses. Planner rows are refusals "
+            "eager DTensor makes too, where stock's registry offered a planner an answer eager DTensor does not "
+            "run.", "", new_refusal_table(report)]
     for title, categories, modes, new_only in sections:
         out += ["", f"## {title}", "", op_table(by_op(report, "built", categories, modes, new_only))]
     for title, category, modes in (("Built: runtime refusals", "refused", ("runtime",)),
+                                   ("Built: planner refusals", "refused", ("planner",)),
                                    ("Built: runtime queries without a strategy", "no_strategy", ("runtime",)),
                                    ("Built: utility queries without a strategy", "no_strategy", ("utility",)),
                                    ("Built: tensor-list calls (utility)", "tensor_list", ("utility",))):

@@ -8,6 +8,7 @@ path, so a stock and a built torch are judged by the same code.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -31,9 +32,9 @@ from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, Tu
 from torch.distributed.tensor._ops.single_dim_strategy import _expand_single_dim_strategy_to_mesh, _ShardingPlaceholder
 from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
 
-from tools.audit.report import CATEGORIES, CLAUSES, MESHES, MODES, clauses, refusal_reason
+from tools.audit.report import CATEGORIES, CLAUSES, MESHES, MODES, clauses, raised_category
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -43,6 +44,7 @@ PLANNER_CANDIDATES = 6  # per input: enough to mix Replicate and Shard on every 
 QUERY_TIMEOUT_S = 20  # a planner waiting longer than this for one answer has no answer
 MESSAGE_CHARS = 300
 Call = tuple[Any, tuple, dict]  # (op, args, kwargs) with tensors as TensorMeta
+EagerCache = dict[tuple[str, str, str], "str | None"]  # (call text, mesh, mode): eager DTensor's error or None
 
 
 def load_checker() -> ModuleType:
@@ -180,8 +182,16 @@ def utility_rules(schema: OpSchema, info: Any) -> tuple[list[list[Placement | No
     return resolved, n_outputs
 
 
+def composite(op: Any) -> bool:
+    """Whether dispatch decomposes ``op`` when its strategy query raises NotImplementedError."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
 def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
-    """Ask the op's registry as ``mode`` asks it; NoStrategy when there is nothing to judge."""
+    """Ask the op's registry as ``mode`` asks it; NoStrategy when there is nothing to judge.
+
+    A planner asks through ``ShardingPropagator.enumerate_strategies`` where the torch has it;
+    stock has none, so there a planner had to call each registry itself, as done here."""
     op, prop, where = schema.op, propagator(), registry(schema.op)
     info = prop.op_single_dim_strategy_funcs.get(op)
     if mode == "utility":
@@ -194,10 +204,14 @@ def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
         inplace = op.name().split("::")[-1].split(".")[0].endswith("_")
         return expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=n_outputs, inplace_op=inplace,
                                                allow_uneven_sharding=info.allow_uneven_sharding)
+    if mode == "planner" and hasattr(prop, "enumerate_strategies"):
+        return prop.enumerate_strategies(schema)
     if mode == "runtime" and op == torch.ops.aten._local_scalar_dense.default:
         raise NoStrategy("no_strategy", "dispatch asks no strategy for it")
     runtime = spec_schema(schema) if mode == "runtime" else None
     metas = prop._propagate_tensor_meta_non_cached(runtime) if runtime is not None else None
+    if runtime is not None and "output_tensor_meta" in {f.name for f in dataclasses.fields(OpSchema)}:
+        schema = dataclasses.replace(schema, output_tensor_meta=metas)  # as dispatch wraps it
     if info is not None:
         return _expand_single_dim_strategy_to_mesh(mesh, schema, info, metas)(op, schema.args_meta,
                                                                               schema.kwargs_meta)
@@ -208,14 +222,34 @@ def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
     else:
         try:
             answer = prop.decomp_strategy.propagate_strategy(runtime, metas)
-        except Exception as e:  # dispatch turns this into "no sharding strategy registered"
-            composite = torch._C._dispatch_has_kernel_for_dispatch_key(
-                op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
-            then = "dispatch decomposes the composite op instead" if composite else "dispatch reports no strategy"
-            raise NoStrategy("no_strategy", f"the decomposition raised ({message(e)}); {then}") from e
+        except Exception as e:  # dispatch reports this as the op having no sharding strategy
+            raise NotImplementedError(f"{op} has no sharding strategy: the decomposition raised {message(e)}") from e
+        if answer is None:  # so does dispatch here
+            raise NotImplementedError(f"{op} has no sharding strategy: the decomposition answered None")
     if answer is None:
         raise NoStrategy("no_strategy", "the decomposition registry answered None")
     return answer
+
+
+def _meta_tensors(x: Any) -> Any:
+    """TensorMeta leaves as meta tensors, which ``eager_error`` turns into DTensors of that shape and dtype."""
+    return tree_map(lambda m: torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta")
+                    if isinstance(m, TensorMeta) else m, x, is_leaf=lambda v: isinstance(v, TensorMeta))
+
+
+def eager_refusal(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str) -> str | None:
+    """Why eager DTensor refuses ``call`` with its inputs placed as ``mode``'s first candidate, or None
+    when it runs it; a run that does not finish raises QueryTimeout."""
+    op, args, kwargs = call
+
+    def first(t: torch.Tensor, m: DeviceMesh) -> list[tuple[Placement, ...]]:
+        return placements(TensorMeta(t.shape, t.stride(), t.dtype), m, mode)
+
+    signal.alarm(QUERY_TIMEOUT_S)
+    try:
+        return checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first)
+    finally:
+        signal.alarm(0)
 
 
 def message(exc: BaseException) -> str:
@@ -232,9 +266,10 @@ def message(exc: BaseException) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
 
 
-def judge(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str,
-          expected: list[Any]) -> tuple[str, str, set[str]]:
-    """(category, example text, clauses broken) of one query; ``expected`` keeps the call's result metas."""
+def judge(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str, expected: list[Any],
+          eager: EagerCache, mesh_name: str = "") -> tuple[str, str, set[str]]:
+    """(category, example text, clauses broken) of one query; ``expected`` keeps the call's result metas,
+    ``eager`` eager DTensor's verdict per (call, mesh, mode), asked only for queries that raise."""
     signal.alarm(QUERY_TIMEOUT_S)  # one stuck strategy must not stall the whole audit
     try:
         schema = strategy_schema(call, mesh, mode)
@@ -244,14 +279,20 @@ def judge(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str,
     except QueryTimeout as e:
         return "error", message(e), set()
     except Exception as e:
-        chain: list[BaseException] = []
-        cur: BaseException | None = e
-        while cur is not None and cur not in chain:
-            chain.append(cur)
-            cur = cur.__cause__ or cur.__context__
-        reason = refusal_reason([type(c).__name__ for c in chain], " | ".join(map(str, chain)))
-        # a planner query never refuses: candidates a strategy cannot serve drop out of its answer
-        return ("refused" if reason and mode == "runtime" else "error"), message(e), set()
+        signal.alarm(0)
+        decomposes = isinstance(e, NotImplementedError) and composite(call[0])
+        if decomposes or mode == "utility":
+            return raised_category(mode, decomposes, None), message(e), set()
+        key = (describe_call(*call), mesh_name or str(mesh.shape), mode)
+        if key not in eager:
+            try:
+                eager[key] = eager_refusal(checker, call, mesh, mode)
+            except QueryTimeout:
+                return "error", f"QueryTimeout: eager DTensor ran over {QUERY_TIMEOUT_S}s; {message(e)}", set()
+        refusal = eager[key]
+        verdict = f"eager DTensor also raises {refusal}" if refusal else "eager DTensor runs the call"
+        text = f"{message(e)} [{verdict}]"
+        return raised_category(mode, False, refusal), text[: 2 * MESSAGE_CHARS], set()
     finally:
         signal.alarm(0)
     if not expected:
@@ -293,6 +334,7 @@ def run(checker: ModuleType, calls: list[Call], modes: list[str], meshes: dict[s
         if i % 500 == 0:
             print(f"[worker] call {i}/{len(calls)} at {time.monotonic() - started:.0f}s", flush=True)
         expected: list[Any] = []
+        eager: EagerCache = {}
         text = describe_call(*call)
         for j, key in enumerate(keys):
             if i == state["next_call"] and j < state["next_key"]:
@@ -302,7 +344,7 @@ def run(checker: ModuleType, calls: list[Call], modes: list[str], meshes: dict[s
                 broken: set[str] = set()
                 category, message_text = "error", f"not asked: {state['timed_out'][skip]} timed out"
             else:
-                category, message_text, broken = judge(checker, call, meshes[key[1]], key[0], expected)
+                category, message_text, broken = judge(checker, call, meshes[key[1]], key[0], expected, eager, key[1])
             r["counts"][category] += 1
             r["ops"] = sorted({*r["ops"], str(call[0])})
             for clause in broken:

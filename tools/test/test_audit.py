@@ -74,21 +74,18 @@ BUILT = worker_doc(
 CONFIG = {"ops": "mm", "modes": ["runtime", "planner"], "meshes": ["4"], "samples": 1}
 
 
-class TestRefusals(unittest.TestCase):
-    def test_refusal_by_type_and_message(self) -> None:
-        self.assertEqual(report.refusal_reason(["NotImplementedError"], "anything"), "NotImplementedError")
-        self.assertEqual(report.refusal_reason(["RuntimeError", "DynamicOutputShapeException"], ""),
-                         "DynamicOutputShapeException")
-        msg = "This operation would remove sharded dimension 0, which requires redistribution."
-        self.assertEqual(report.refusal_reason(["RuntimeError"], msg), "requires redistribution")
-        for text in ("Attempted to unbind along the sharded dimension 0. It cannot be performed without redistribution",
-                     "Cannot unflatten unevenly sharded tensor: dim 0"):
-            self.assertIsNotNone(report.refusal_reason(["RuntimeError"], text), text)
+class TestRaisedQueries(unittest.TestCase):
+    def test_a_raise_is_refused_only_where_eager_dtensor_refuses_too(self) -> None:
+        for mode in ("runtime", "planner"):
+            self.assertEqual(report.raised_category(mode, False, "RuntimeError: requires redistribution"), "refused")
+            self.assertEqual(report.raised_category(mode, False, None), "error")
 
-    def test_failures_are_not_refusals(self) -> None:
-        for names, text in ((["AssertionError"], ""), (["KeyError"], "1"),
-                            (["RuntimeError"], "Sharding propagation should have produced a strategy")):
-            self.assertIsNone(report.refusal_reason(names, text), text)
+    def test_a_composite_op_dispatch_decomposes_is_refused(self) -> None:
+        self.assertEqual(report.raised_category("runtime", True, None), "refused")
+        self.assertEqual(report.raised_category("planner", True, None), "refused")
+
+    def test_a_utility_raise_is_an_error(self) -> None:
+        self.assertEqual(report.raised_category("utility", True, "NotImplementedError: x"), "error")
 
 
 class TestClauses(unittest.TestCase):
@@ -235,6 +232,85 @@ class TestOrchestrator(unittest.TestCase):
             with self.assertRaises(SystemExit) as caught, contextlib.redirect_stderr(io.StringIO()):
                 orchestrator.parse_args(flag)
             self.assertEqual(caught.exception.code, 2, flag)
+
+
+@unittest.skipIf(importlib.util.find_spec("torch") is None, "the worker needs torch")
+class TestJudge(unittest.TestCase):
+    """The worker's queries and judgement in this process, on a fake process group of four ranks."""
+
+    worker: Any  # tools.audit.worker, which imports torch
+    checker: Any
+    mesh: Any
+    previous_handler: Any
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        import signal
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        from tools.audit import worker
+
+        cls.worker = worker
+        cls.previous_handler = signal.signal(signal.SIGALRM, worker._expire)
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+        cls.mesh = DeviceMesh("cpu", torch.arange(4))
+        cls.checker = worker.load_checker()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        import signal
+
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        signal.signal(signal.SIGALRM, cls.previous_handler)
+
+    def call(self, op_name: str, *shapes: list[int], rest: tuple = ()) -> tuple[Any, tuple, dict]:
+        import torch
+        from torch.distributed.tensor._dtensor_spec import TensorMeta
+
+        packet, overload = op_name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        metas = tuple(TensorMeta(torch.Size(s), torch.empty(s).stride(), torch.float32) for s in shapes)
+        return op, (*metas, *rest), {}
+
+    def test_planner_asks_enumerate_strategies_where_the_torch_has_it(self) -> None:
+        prop = self.worker.propagator()
+        if not hasattr(prop, "enumerate_strategies"):
+            self.skipTest("this torch has no planner entry point (stock)")
+        call = self.call("mm.default", [4, 8], [8, 4])
+        schema = self.worker.strategy_schema(call, self.mesh, "planner")
+        answer = object()
+        with mock.patch.object(prop, "enumerate_strategies", return_value=answer) as asked:
+            self.assertIs(self.worker.query(schema, self.mesh, "planner"), answer)
+        asked.assert_called_once_with(schema)
+
+    def test_a_raise_is_judged_against_eager_dtensor_once_per_call(self) -> None:
+        call = self.call("mm.default", [4, 8], [8, 4])
+        for eager_says, category in ((None, "error"), ("RuntimeError: cannot", "refused")):
+            checker = mock.Mock()
+            checker.eager_error.return_value = eager_says
+            cache: dict = {}
+            with mock.patch.object(self.worker, "query", side_effect=RuntimeError("strategy broke")):
+                for _ in range(2):
+                    got, text, _ = self.worker.judge(checker, call, self.mesh, "runtime", [], cache, "4")
+                    self.assertEqual(got, category)
+                    self.assertIn("strategy broke", text)
+            checker.eager_error.assert_called_once()
+            (op, args, kwargs, mesh, candidates) = checker.eager_error.call_args.args
+            self.assertEqual([a.device.type for a in args], ["meta", "meta"])
+            # the runtime candidate the query was asked with
+            self.assertEqual(str(candidates(args[0], mesh)), str(self.worker.placements(call[1][0], mesh, "runtime")))
+
+    def test_a_view_that_needs_redistribution_is_refused_as_eager_dtensor_refuses_it(self) -> None:
+        call = self.call("view.default", [1, 2], rest=([2],))
+        category, text, _ = self.worker.judge(self.checker, call, self.mesh, "runtime", [], {}, "4")
+        self.assertEqual(category, "refused", text)
+        self.assertIn("eager DTensor also raises", text)
 
 
 @unittest.skipIf(importlib.util.find_spec("torch") is None, "the worker needs torch")
