@@ -178,11 +178,13 @@ def _extra_runs(cap: ModuleType) -> dict[str, Callable[[Any], Any]]:
     return runs
 
 
-def extend(capture: Any, cap: ModuleType) -> None:
-    """Adds to ``capture`` (a ``strategy_capture.Capture``) the extra runs by hand,
-    then the derived overloads of every call recorded, and of the calls those make."""
+def extend(capture: Any, cap: ModuleType, names: set[str] | None = None) -> None:
+    """Adds to ``capture`` (a ``strategy_capture.Capture``) the extra runs by hand (those of
+    ``names`` only, if given), then the derived overloads of every call recorded, and of the
+    calls those make."""
     for source, record in _extra_runs(cap).items():
-        capture.run(f"{source} by_hand 0", record)
+        if names is None or source in names:
+            capture.run(f"{source} by_hand 0", record)
     done = 0
     while done < len(capture.recorded):
         source, op, args, kwargs = capture.recorded[done]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import itertools
 import json
@@ -19,7 +20,9 @@ import signal
 import sys
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,12 +37,14 @@ from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
 
+from tools.audit import extend
 from tools.audit.report import CATEGORIES, CLAUSES, MESHES, MODES, clauses, raised_category
 
 if TYPE_CHECKING:
     from types import ModuleType
 
 CHECKER = Path(__file__).resolve().parents[2] / "torch/testing/_internal/distributed/_tensor/strategy_contract.py"
+CAPTURE = CHECKER.with_name("strategy_capture.py")
 PLANNER_CANDIDATES = 6  # per input: enough to mix Replicate and Shard on every mesh dim, cheap to expand
 QUERY_TIMEOUT_S = 20  # a planner waiting longer than this for one answer has no answer
 MESSAGE_CHARS = 300
@@ -47,14 +52,21 @@ Call = tuple[Any, tuple, dict]  # (op, args, kwargs) with tensors as TensorMeta
 EagerCache = dict[tuple[str, str, str], "str | None"]  # (call text, mesh, mode): eager DTensor's error or None
 
 
-def load_checker() -> ModuleType:
-    """The contract checker by file path: the stock torch does not ship it."""
-    spec = importlib.util.spec_from_file_location("_audit_strategy_contract", CHECKER)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load the contract checker from {CHECKER}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_checker() -> SimpleNamespace:
+    """The contract check, the capture and the audit's extension of it, loaded by file path
+    (the stock torch ships neither test module), as one namespace."""
+    modules = {}
+    for name, path in (("strategy_contract", CHECKER), ("strategy_capture", CAPTURE)):
+        full = f"torch.testing._internal.distributed._tensor.{name}"
+        spec = importlib.util.spec_from_file_location(full, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {name} from {path}")
+        modules[name] = importlib.util.module_from_spec(spec)
+        sys.modules[full] = modules[name]  # the capture imports the check by this name
+        spec.loader.exec_module(modules[name])
+    names = {k: v for m in modules.values() for k, v in vars(m).items() if not k.startswith("__")}
+    return SimpleNamespace(**names, extend=functools.partial(extend.extend, cap=modules["strategy_capture"]),
+                           registered_ops=extend.registered_ops, unreached=extend.unreached)
 
 
 def propagator() -> Any:
@@ -94,17 +106,18 @@ def describe_call(op: Any, args: tuple, kwargs: dict) -> str:
     return f"{op}({', '.join(parts)})"
 
 
-def capture(checker: ModuleType, names: set[str] | None, samples: int,
+def capture(checker: SimpleNamespace, names: set[str] | None, samples: int,
             per_op: int | None) -> tuple[list[Call], dict[str, Any]]:
     """The calls the checker's capture makes (its one capture path, shared with the tests), with
     tensors as TensorMeta, and what it reached: registered ops asked, and each one not asked with why."""
-    found = checker.capture_calls(samples=samples, per_op=per_op, names=names)
+    found = checker.capture_calls(names, samples=samples, per_op=per_op)
     if names is not None and not found.opinfos and not found.runs:
         raise SystemExit(f"--ops {','.join(sorted(names))}: no OpInfo or run by hand of that name")
+    checker.extend(found, names=names)
     calls = [(op, _metas(args), _metas(kwargs)) for _, op, args, kwargs in found.calls]
     registered = checker.registered_ops()
     asked = {op for op, _, _ in calls} & registered
-    stats = {"opinfos": found.opinfos, "runs": found.runs, "failed_runs": dict(sorted(found.failure_counts().items())),
+    stats = {"opinfos": found.opinfos, "runs": found.runs, "failed_runs": dict(sorted(Counter(r.rsplit(" ", 2)[-2] for r in found.failures).items())),
              "served": len(calls),
              "registered": len(registered), "reached": len(asked),
              "unreached": {str(op): why for op, why in checker.unreached(found).items()}}
@@ -237,7 +250,7 @@ def _meta_tensors(x: Any) -> Any:
                     if isinstance(m, TensorMeta) else m, x, is_leaf=lambda v: isinstance(v, TensorMeta))
 
 
-def eager_refusal(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str) -> str | None:
+def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str) -> str | None:
     """Why eager DTensor refuses ``call`` with its inputs placed as ``mode``'s first candidate, or None
     when it runs it; a run that does not finish raises QueryTimeout."""
     op, args, kwargs = call
@@ -266,7 +279,7 @@ def message(exc: BaseException) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
 
 
-def judge(checker: ModuleType, call: Call, mesh: DeviceMesh, mode: str, expected: list[Any],
+def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, expected: list[Any],
           eager: EagerCache, mesh_name: str = "") -> tuple[str, str, set[str]]:
     """(category, example text, clauses broken) of one query; ``expected`` keeps the call's result metas,
     ``eager`` eager DTensor's verdict per (call, mesh, mode), asked only for queries that raise."""
@@ -321,7 +334,7 @@ def _fresh(keys: list[tuple[str, str]]) -> dict[str, Any]:
                       "examples": {c: {} for c in CATEGORIES[1:]}} for k in keys}}
 
 
-def run(checker: ModuleType, calls: list[Call], modes: list[str], meshes: dict[str, DeviceMesh],
+def run(checker: SimpleNamespace, calls: list[Call], modes: list[str], meshes: dict[str, DeviceMesh],
         progress: Path) -> list[dict]:
     """Per (mode, mesh): counts per category and clause, each op's first example per category, and
     each call's category where it is not ok (keyed by its text, which stock and built share).

@@ -66,12 +66,17 @@ def expected_output_metas(op_schema: OpSchema) -> Metas:
     args, kwargs = tree_map(fake, _args(op_schema), is_leaf=is_leaf)
     with mode:
         out = op_schema.op(*args, **kwargs)
-    as_meta = lambda t: TensorMeta(t.shape, t.stride(), t.dtype)  # noqa: E731
-    if torch.is_tensor(out):
-        return as_meta(out)
+
+    def as_meta(t: object) -> Any:
+        if isinstance(t, list):  # one of several lists (e.g. _fused_adam's)
+            return tuple(map(as_meta, t))
+        return TensorMeta(t.shape, t.stride(), t.dtype) if torch.is_tensor(t) else None
+
     if isinstance(out, (tuple, list)) and any(map(torch.is_tensor, out)):
-        return tuple(as_meta(o) if torch.is_tensor(o) else None for o in out)
-    return None
+        return tuple(map(as_meta, out))
+    if isinstance(out, tuple) and any(isinstance(o, list) for o in out):
+        return tuple(map(as_meta, out))
+    return as_meta(out)
 
 
 def _same_meta(a: TensorMeta | None, b: TensorMeta | None) -> bool:
@@ -152,12 +157,15 @@ def contract_violations(
         pick = lambda x: x.children[i] if isinstance(x, TupleStrategy) else x  # noqa: E731
         is_leaf = lambda x: isinstance(x, TupleStrategy)  # noqa: E731
         element = OpSchema(op, *tree_map(pick, _args(op_schema), is_leaf=is_leaf))
-        # A list result gives each element its entry; an in-place op, self.
-        want = (
-            expected[i]
-            if isinstance(expected, tuple) and not isinstance(expected, TensorMeta)
-            else _leaf_meta(_inputs(element)[0])
-        )
+        # A list result gives each element its entry, several lists their
+        # entries (None past a list's end); an in-place op, self.
+        want = _leaf_meta(_inputs(element)[0])
+        if isinstance(expected, tuple) and not isinstance(expected, TensorMeta):
+            want = expected[i]
+            if any(
+                isinstance(e, tuple) and type(e) is not TensorMeta for e in expected
+            ):
+                want = tuple(e[i] if i < len(e) else None for e in expected)
         found += [f"child {i}: {v}" for v in _violations(element, child, want, False)]
     return found
 
