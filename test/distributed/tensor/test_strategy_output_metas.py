@@ -64,8 +64,7 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
 
     @with_comms
     def test_specs_carry_metas(self) -> None:
-        """They had none; a masked-off result made a 2-D expansion raise, and a call
-        the op rejects (``mm`` of (8, 4) by (5, 8)) gave specs without metas."""
+        """Also a masked-off result, and a call the op rejects raises."""
         calls = [*CALLS, (aten.convolution_backward.default, CONV)]
         for shape, (op, args) in itertools.product(MESHES, calls):
             mesh = init_device_mesh("cpu", shape)
@@ -95,7 +94,6 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
 
     @with_comms
     def test_inplace_foreach_with_a_scalar_list(self) -> None:
-        """Each element's metas are inferred with its own scalar."""
         mesh, plain = init_device_mesh("cpu", (4,)), list(torch.rand(2, 8, 4))
         with LocalTensorMode(frozenset(range(self.world_size))):
             xs = [distribute_tensor(t.clone(), mesh, [Shard(0)]) for t in plain]
