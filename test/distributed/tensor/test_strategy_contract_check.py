@@ -72,10 +72,9 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
         self.check(*conv, OpSpec(tuple(outs), ins, costs), finding="output 0: C2")
         x, y = meta(8, 4), meta(4, 8)
         args = (TupleStrategy(self.inputs(x, y, candidates=(S,))),)
-        # the second child's output has no meta
         children = [
             OpSpec(self.spec(S, out), [self.spec(S, m)], [[0.0]])
-            for m, out in ((x, x), (y, None))
+            for m, out in ((x, x), (y, None))  # the second output has no meta
         ]
         self.check(aten._foreach_abs.default, args, *children, finding="^child 1: ")
 

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._decompositions import DecompShardingStrategy
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
     OpSchema,
@@ -27,6 +28,9 @@ from torch.distributed.tensor._op_schema import (
     OpStrategy,
     StrategyType,
     TupleStrategy,
+)
+from torch.distributed.tensor._ops.single_dim_strategy import (
+    _expand_single_dim_strategy_to_mesh,
 )
 from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils._pytree import tree_flatten, tree_map
@@ -72,9 +76,8 @@ def expected_output_metas(op_schema: OpSchema) -> Metas:
             return tuple(map(as_meta, t))
         return TensorMeta(t.shape, t.stride(), t.dtype) if torch.is_tensor(t) else None
 
-    if isinstance(out, (tuple, list)) and any(map(torch.is_tensor, out)):
-        return tuple(map(as_meta, out))
-    if isinstance(out, tuple) and any(isinstance(o, list) for o in out):
+    listed = lambda o: torch.is_tensor(o) or isinstance(o, list)  # noqa: E731
+    if isinstance(out, (tuple, list)) and any(map(listed, out)):
         return tuple(map(as_meta, out))
     return as_meta(out)
 
@@ -143,11 +146,10 @@ def contract_violations(
     expected: Metas,
     rank_local: frozenset[int] = frozenset(),
 ) -> list[str]:
-    """Every way ``strategy``, the answer for ``op_schema``, breaks the
-    contract, each naming the op, the child and ``OpSpec`` index, the position
-    and the clause. ``expected`` is :func:`expected_output_metas` of
-    ``op_schema``; ``rank_local`` holds the result positions dispatch returns
-    as local tensors, which C1 places ``Replicate``."""
+    """Every way ``strategy`` breaks the contract, naming op, child, ``OpSpec``,
+    position and clause; ``expected`` is :func:`expected_output_metas` of
+    ``op_schema``, and C1 places ``Replicate`` the ``rank_local`` results
+    (positions dispatch returns as local tensors)."""
     op = op_schema.op
     if not isinstance(strategy, TupleStrategy):
         as_list = any(isinstance(r.type, torch.ListType) for r in op._schema.returns)
@@ -162,9 +164,7 @@ def contract_violations(
         want = _leaf_meta(_inputs(element)[0])
         if isinstance(expected, tuple) and not isinstance(expected, TensorMeta):
             want = expected[i]
-            if any(
-                isinstance(e, tuple) and type(e) is not TensorMeta for e in expected
-            ):
+            if expected and type(expected[0]) is tuple:  # not a TensorMeta
                 want = tuple(e[i] if i < len(e) else None for e in expected)
         found += [f"child {i}: {v}" for v in _violations(element, child, want, False)]
     return found
@@ -199,8 +199,6 @@ def _propagator() -> Any:
 
 def registry(op: OpOverload) -> str | None:
     """Which registry answers ``op``: ``single_dim``, ``op_strategy``, ``decomposition``."""
-    from torch.distributed.tensor._decompositions import DecompShardingStrategy
-
     if op in _propagator().op_single_dim_strategy_funcs:
         return "single_dim"
     if op in _propagator().op_strategy_funcs:
@@ -265,10 +263,6 @@ def query_strategy(
     """The registry's strategy for ``op_schema``, asked as dispatch asks it
     (``runtime``: with the metas it inferred, on the schema where ``OpSchema``
     carries them) or as a planner does (``enumerate_strategies``)."""
-    from torch.distributed.tensor._ops.single_dim_strategy import (
-        _expand_single_dim_strategy_to_mesh,
-    )
-
     op, prop = op_schema.op, _propagator()
     if not runtime:
         return prop.enumerate_strategies(op_schema)
@@ -308,10 +302,9 @@ def check_call(
     mesh: DeviceMesh,
     runtime: bool = True,
 ) -> list[str]:
-    """How DTensor's answer for ``op(*args, **kwargs)`` on ``mesh`` breaks the
-    contract, asked as dispatch (``runtime``) or as a planner asks it; no answer
-    is a finding for an op with a tensor result, a result that depends on the
-    data is not judged, and a query the registry refuses raises."""
+    """How DTensor's answer for ``op(*args, **kwargs)``, asked as dispatch or a
+    planner asks, breaks the contract: no answer where the op returns a tensor
+    is a finding, a data-dependent result is not judged, a refusal raises."""
     candidates = runtime_candidate if runtime else planner_candidates
     schema = strategy_schema(op, args, kwargs, mesh, candidates)
     strategy = query_strategy(schema, mesh, runtime)
