@@ -44,11 +44,10 @@ LEGEND = {
 
 
 def raised_category(mode: str, decomposes: bool, eager_refusal: str | None) -> str:
-    """The category of a query that raised: refused when dispatch decomposes the op instead
-    (``decomposes``) or eager DTensor, asked the same call, raises too (``eager_refusal``);
-    otherwise an error. A rule author's utility call never refuses."""
-    if mode == "utility":
-        return "error"
+    """The category of a query that raised, in any mode: refused when dispatch decomposes the op
+    instead (``decomposes``) or eager DTensor, asked the same call, raises too (``eager_refusal``:
+    a call the op itself rejects gets a clear error from a rule author's utility call too);
+    otherwise an error."""
     return "refused" if decomposes or eager_refusal else "error"
 
 

@@ -84,8 +84,9 @@ class TestRaisedQueries(unittest.TestCase):
         self.assertEqual(report.raised_category("runtime", True, None), "refused")
         self.assertEqual(report.raised_category("planner", True, None), "refused")
 
-    def test_a_utility_raise_is_an_error(self) -> None:
-        self.assertEqual(report.raised_category("utility", True, "NotImplementedError: x"), "error")
+    def test_a_utility_raise_is_judged_like_the_others(self) -> None:
+        self.assertEqual(report.raised_category("utility", False, "RuntimeError: x"), "refused")
+        self.assertEqual(report.raised_category("utility", False, None), "error")
 
 
 class TestClauses(unittest.TestCase):

@@ -37,16 +37,12 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 
 Metas = TensorMeta | tuple[TensorMeta | None, ...] | None  # None: no tensor result
-Candidates = list[tuple[Placement, ...]]  # an input's placements, one per candidate
+Candidates = list[tuple[Placement, ...]]  # an input's placements per candidate
 
 
 def _leaf_meta(x: object) -> TensorMeta | None:
     spec = x.strategies[0].output_spec if isinstance(x, OpStrategy) else x
     return spec.tensor_meta if isinstance(spec, DTensorSpec) else None
-
-
-def _is_strategy(x: object) -> bool:
-    return isinstance(x, (OpStrategy, TupleStrategy))
 
 
 def _args(op_schema: OpSchema) -> tuple[tuple, dict]:
@@ -56,6 +52,7 @@ def _args(op_schema: OpSchema) -> tuple[tuple, dict]:
 def expected_output_metas(op_schema: OpSchema) -> Metas:
     """What ``op_schema.op`` returns on its global inputs, as metas."""
     mode = FakeTensorMode()
+    mode.cache_enabled = False  # its cache returns an out= call's outs unresized
 
     def fake(x: object) -> object:
         if isinstance(x, TupleStrategy):
@@ -66,7 +63,7 @@ def expected_output_metas(op_schema: OpSchema) -> Metas:
         with mode:
             return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype)
 
-    is_leaf = lambda x: _is_strategy(x) or isinstance(x, DTensorSpec)  # noqa: E731
+    is_leaf = lambda x: isinstance(x, (OpStrategy, TupleStrategy, DTensorSpec))  # noqa: E731
     args, kwargs = tree_map(fake, _args(op_schema), is_leaf=is_leaf)
     with mode:
         out = op_schema.op(*args, **kwargs)
@@ -274,7 +271,8 @@ def query_strategy(
             return x.strategies[0].output_spec
         return [spec(c) for c in x.children] if isinstance(x, TupleStrategy) else x
 
-    args, kwargs = tree_map(spec, _args(op_schema), is_leaf=_is_strategy)
+    is_leaf = lambda x: isinstance(x, (OpStrategy, TupleStrategy))  # noqa: E731
+    args, kwargs = tree_map(spec, _args(op_schema), is_leaf=is_leaf)
     specs = OpSchema(op, args, kwargs, schema_info=op_schema.schema_info)
     metas = prop._propagate_tensor_meta_non_cached(specs)
     if "output_tensor_meta" in {f.name for f in dataclasses.fields(OpSchema)}:
