@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._ops import OpOverload
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map_only
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+
+    from torch._ops import OpOverload
 
 
 def registered_ops() -> set[OpOverload]:
@@ -58,7 +61,9 @@ def _derived(op: OpOverload) -> tuple[tuple[OpOverload, tuple, tuple], ...]:
     return tuple(found)
 
 
-def _run_derived(op, other, outs, numbers, args, kwargs) -> Any:
+def _run_derived(
+    op: OpOverload, other: OpOverload, outs: tuple[str, ...], numbers: tuple[int, ...], args: tuple, kwargs: dict
+) -> Any:
     """``other`` on the arguments of a call of ``op``: on new meta tensors, or
     on CPU zeros where ``other`` has no meta kernel."""
     schema = [a for a in op._schema.arguments if not a.is_out]

@@ -23,7 +23,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,9 +39,6 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
 
 from tools.audit import extend
 from tools.audit.report import CATEGORIES, CLAUSES, MESHES, MODES, clauses, raised_category
-
-if TYPE_CHECKING:
-    from types import ModuleType
 
 CHECKER = Path(__file__).resolve().parents[2] / "torch/testing/_internal/distributed/_tensor/strategy_contract.py"
 CAPTURE = CHECKER.with_name("strategy_capture.py")
@@ -117,7 +114,8 @@ def capture(checker: SimpleNamespace, names: set[str] | None, samples: int,
     calls = [(op, _metas(args), _metas(kwargs)) for _, op, args, kwargs in found.calls]
     registered = checker.registered_ops()
     asked = {op for op, _, _ in calls} & registered
-    stats = {"opinfos": found.opinfos, "runs": found.runs, "failed_runs": dict(sorted(Counter(r.rsplit(" ", 2)[-2] for r in found.failures).items())),
+    failed = Counter(run.rsplit(" ", 2)[-2] for run in found.failures)  # per variant
+    stats = {"opinfos": found.opinfos, "runs": found.runs, "failed_runs": dict(sorted(failed.items())),
              "served": len(calls),
              "registered": len(registered), "reached": len(asked),
              "unreached": {str(op): why for op, why in checker.unreached(found).items()}}
