@@ -6,7 +6,6 @@ and runs by hand of the ops no OpInfo sample or derived overload calls."""
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import TYPE_CHECKING, Any
 
 import torch
