@@ -1,5 +1,5 @@
 # Owner(s): ["oncall: distributed"]
-"""The sharding cache tells bucketize's ``right=True`` from ``out_int32=True``."""
+"""The sharding caches tell bucketize's ``right=True`` from ``out_int32=True``."""
 
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
@@ -34,6 +34,9 @@ class TestOpSchemaKwargKey(LocalDTensorTestBase):
                 meta = propagator.propagate_op_sharding(schema).output_spec.tensor_meta
                 got = (meta.shape, meta.stride, meta.dtype)
                 self.assertEqual(got, (want.shape, want.stride(), want.dtype))
+                with LocalTensorMode(frozenset(range(self.world_size))):
+                    out = torch.bucketize(dx, db, **kwargs)  # eager: its spec too
+                self.assertEqual(out._spec.tensor_meta.dtype, want.dtype)
 
 
 if __name__ == "__main__":
