@@ -36,6 +36,12 @@ class TestReductionOutOverloads(LocalDTensorTestBase):
                         fn(dt, 1, out=out)
                         self.assertEqual(out.placements, (placement,))
                         self.assertEqual(out.full_tensor(), expected)
+            y = torch.randn(8, 6)
+            for fn in (torch.max, torch.min):  # the elementwise out overloads
+                ts = (x, y, torch.empty(8, 6))
+                dx, dy, out = (distribute_tensor(t, mesh, [Shard(0)]) for t in ts)
+                fn(dx, dy, out=out)
+                self.assertEqual(out.full_tensor(), fn(x, y))
 
 
 if __name__ == "__main__":
