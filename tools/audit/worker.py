@@ -44,6 +44,11 @@ CHECKER = Path(__file__).resolve().parents[2] / "torch/testing/_internal/distrib
 CAPTURE = CHECKER.with_name("strategy_capture.py")
 PLANNER_CANDIDATES = 6  # per input: enough to mix Replicate and Shard on every mesh dim, cheap to expand
 QUERY_TIMEOUT_S = 20  # a planner waiting longer than this for one answer has no answer
+# Timed in this process's CPU time, so that a loaded machine does not time queries out.
+
+
+def _alarm(seconds: float) -> None:
+    signal.setitimer(signal.ITIMER_PROF, seconds)
 MESSAGE_CHARS = 300
 Call = tuple[Any, tuple, dict]  # (op, args, kwargs) with tensors as TensorMeta
 EagerCache = dict[tuple[str, str, str], "str | None"]  # (call text, mesh, mode): eager DTensor's error or None
@@ -135,7 +140,7 @@ class QueryTimeout(BaseException):
 
 
 def _expire(signum: int, frame: Any) -> None:
-    raise QueryTimeout(f"no answer within {QUERY_TIMEOUT_S}s")
+    raise QueryTimeout(f"no answer within {QUERY_TIMEOUT_S}s of CPU time")
 
 
 def placements(meta: TensorMeta, mesh: DeviceMesh, mode: str) -> list[tuple[Placement, ...]]:
@@ -256,11 +261,11 @@ def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: 
     def first(t: torch.Tensor, m: DeviceMesh) -> list[tuple[Placement, ...]]:
         return placements(TensorMeta(t.shape, t.stride(), t.dtype), m, mode)
 
-    signal.alarm(QUERY_TIMEOUT_S)
+    _alarm(QUERY_TIMEOUT_S)
     try:
         return checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first)
     finally:
-        signal.alarm(0)
+        _alarm(0)
 
 
 def message(exc: BaseException) -> str:
@@ -281,7 +286,7 @@ def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, exp
           eager: EagerCache, mesh_name: str = "") -> tuple[str, str, set[str]]:
     """(category, example text, clauses broken) of one query; ``expected`` keeps the call's result metas,
     ``eager`` eager DTensor's verdict per (call, mesh, mode), asked only for queries that raise."""
-    signal.alarm(QUERY_TIMEOUT_S)  # one stuck strategy must not stall the whole audit
+    _alarm(QUERY_TIMEOUT_S)  # one stuck strategy must not stall the whole audit
     try:
         schema = strategy_schema(call, mesh, mode)
         answer = query(schema, mesh, mode)
@@ -290,7 +295,7 @@ def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, exp
     except QueryTimeout as e:
         return "error", message(e), set()
     except Exception as e:
-        signal.alarm(0)
+        _alarm(0)
         decomposes = isinstance(e, NotImplementedError) and composite(call[0])
         if decomposes:
             return raised_category(mode, decomposes, None), message(e), set()
@@ -305,7 +310,7 @@ def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, exp
         text = f"{message(e)} [{verdict}]"
         return raised_category(mode, False, refusal), text[: 2 * MESSAGE_CHARS], set()
     finally:
-        signal.alarm(0)
+        _alarm(0)
     if not expected:
         try:
             expected.append(("ok", checker.expected_output_metas(strategy_schema(call, mesh, "runtime"))))
@@ -393,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     logging.disable(logging.CRITICAL)  # fake tensors log every kernel they cannot run
     torch.set_num_threads(1)
-    signal.signal(signal.SIGALRM, _expire)
+    signal.signal(signal.SIGPROF, _expire)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
