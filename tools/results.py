@@ -80,10 +80,10 @@ def render(stock: Path) -> str:
         out += ["", "### Contract audit (`make audit`; details in `reports/audit.md`)", "",
                 f"{audit['config']['samples']} samples per OpInfo; strict: "
                 + ("PASS" if not failures else "FAIL: " + "; ".join(failures)), "", *audit_rows(audit), "",
-                "Each column counts queries. No strategy: the decomposition path answered `None` (at runtime: "
-                "raised, which dispatch reports as no strategy), or, in utility queries, the op has no "
-                "single-dim rule to expand. Refused: a runtime placement the rule raises for, as dispatch "
-                "would. Utility queries of tensor-list calls are counted apart in `reports/audit.md`."]
+                "Each column counts queries. No strategy: nothing to judge (`_local_scalar_dense` at "
+                "runtime; in utility queries, an op without a single-dim rule to expand). Refused: the query "
+                "raised and eager DTensor refuses the same call too (or dispatch decomposes the composite "
+                "op). Utility queries of tensor-list calls are counted apart in `reports/audit.md`."]
     bench = _load("bench.json")
     if bench is not None:
         out += ["", "### Benchmarks (`make bench`, CPU time, stock and built in one run)", "", *bench_rows(bench)]
