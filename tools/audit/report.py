@@ -218,7 +218,7 @@ def render(report: dict[str, Any]) -> str:
         "",
         *[f"- {role} (torch {report['torch'][role]}): {capture_line(cap[role])}" for role in ROLES],
         "",
-        "The capture (`capture_calls` in `strategy_contract.py`, the one the tests use) runs each sample "
+        "The capture (`capture_calls` in `strategy_capture.py`, the one the tests use) runs each sample "
         "forward, its backward (gradients of the results that need them), the OpInfo's in-place and `out=` "
         "variants and the forward under `torch.inference_mode` (composite ops reach dispatch undecomposed); "
         "it also runs the foreach OpInfo databases, the Python references (which call the `prims` ops), the "
@@ -239,7 +239,7 @@ def render(report: dict[str, Any]) -> str:
         "",
         "A runtime or planner query that raises is judged against eager DTensor: the same call on DTensors "
         "placed as the query's first candidate, run in `LocalTensorMode` (`eager_error` in "
-        "`strategy_contract.py`). Where eager DTensor raises too, the query is refused (a right answer); "
+        "`strategy_capture.py`). Where eager DTensor raises too, the query is refused (a right answer); "
         "where it runs, the query's raise is an error.",
         "",
         "## Summary, stock vs built",

@@ -10,16 +10,16 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import distribute_tensor, DTensor, Replicate, Shard
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema
-from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+from torch.distributed.tensor._ops.utils import (
+    _first_candidate_schema,
+    expand_to_full_mesh_op_strategy,
+)
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor import strategy_contract as sc
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
     with_comms,
 )
-from torch.utils._pytree import tree_map_only
 
 
 aten, X = torch.ops.aten, torch.randn(8, 4)
@@ -50,14 +50,8 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
     def test_shape_inference_runs_once_per_runtime_query(self) -> None:
         """Strategies reuse dispatch's metas, also under a fake mode (no cache)."""
         mesh = init_device_mesh("cpu", (2, 2))
-
-        def spec(t: torch.Tensor) -> DTensorSpec:
-            meta = TensorMeta(t.shape, t.stride(), t.dtype)
-            return DTensorSpec(mesh, sc.runtime_candidate(t, mesh)[0], tensor_meta=meta)
-
         for (op, args), ctx in itertools.product(CALLS, (nullcontext, FakeTensorMode)):
-            info = sc.strategy_schema(op, args, {}, mesh).schema_info
-            schema = OpSchema(op, tree_map_only(torch.Tensor, spec, args), {}, info)
+            schema = _first_candidate_schema(sc.strategy_schema(op, args, {}, mesh))
             with mock.patch.object(PROP, INFER, wraps=getattr(PROP, INFER)) as m, ctx():
                 PROP.propagate_op_sharding_non_cached(schema)
             self.assertEqual(m.call_count, 1, f"{op} in {ctx.__name__}")
@@ -73,6 +67,11 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
         rules = [[Replicate()] * 3]
         with self.assertRaisesRegex(RuntimeError, "aten.mm.default: cannot build"):
             expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
+        e, i = torch.empty(0), torch.empty(0, dtype=torch.int32)  # outs to resize
+        out = {"result": e, "LU": e, "pivots": i, "info": i}
+        solve = (aten._linalg_solve_ex.result, (torch.eye(5), torch.ones(5)), out)
+        for runtime in (True, False):  # the second finds the call in the fake cache
+            self.assertEqual(sc.check_call(*solve, mesh, runtime), [])
 
     @with_comms
     def test_attention_rng_state(self) -> None:
