@@ -7,6 +7,7 @@ from unittest import mock
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._ops import strategy_validation
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor import strategy_contract as sc
@@ -39,12 +40,13 @@ class TestStrategyCapture(LocalDTensorTestBase):
         want = {aten.mm.out, aten._foreach_add_.List, aten._fused_adam_.default}
         want |= {aten._scaled_dot_product_efficient_attention_backward.default}
         self.assertFalse(want - ops)
-        for (source, op, args, kwargs), runtime in itertools.product(
-            capture.calls, (True, False)
+        planner = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
+        for (source, op, args, kwargs), ask in itertools.product(
+            capture.calls, (None, planner)
         ):
-            with self.subTest(source=source, op=str(op), runtime=runtime):
+            with self.subTest(source=source, op=str(op), planner=bool(ask)):
                 try:
-                    found = sc.check_call(op, args, kwargs, mesh, runtime)
+                    found = sc.check_call(op, args, kwargs, mesh, ask)
                 except Exception as e:
                     eager = eager_error(op, args, kwargs, mesh)
                     found = [] if eager else [f"refused ({e}); eager DTensor runs it"]

@@ -70,8 +70,11 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
         e, i = torch.empty(0), torch.empty(0, dtype=torch.int32)  # outs to resize
         out = {"result": e, "LU": e, "pivots": i, "info": i}
         solve = (aten._linalg_solve_ex.result, (torch.eye(5), torch.ones(5)), out)
-        for runtime in (True, False):  # the second finds the call in the fake cache
-            self.assertEqual(sc.check_call(*solve, mesh, runtime), [])
+        self.assertEqual(sc.check_call(*solve, mesh), [])  # fills the fake cache
+        schema, rules = sc.strategy_schema(*solve, mesh), [[Replicate()] * 10]
+        answer = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=4)
+        want = sc.expected_output_metas(schema)
+        self.assertEqual(sc.contract_violations(schema, answer, want), [])
 
     @with_comms
     def test_attention_rng_state(self) -> None:
@@ -81,7 +84,7 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
             prefix = f"_scaled_dot_product_{name}_attention"
             op, bwd = (getattr(aten, prefix + s).default for s in ("", "_backward"))
             schema = sc.strategy_schema(op, args, {}, mesh)
-            answer = sc.query_strategy(schema, mesh, runtime=True)
+            answer = sc.query_strategy(schema, mesh)
             want = sc.expected_output_metas(schema)
             self.assertEqual(sc.contract_violations(schema, answer, want, local), [])
             b_args = (Q, Q, Q, Q, *BACKWARD[name](args, op(*args)))

@@ -29,10 +29,12 @@ def candidates(t: torch.Tensor, mesh: DeviceMesh, *placements: Placement) -> OpS
     )
 
 
+PLANNER = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
+
+
 def ask(op: torch._ops.OpOverload, *args: object) -> OpStrategy:
     """The planner's query, through the public entry point."""
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    return propagator.enumerate_strategies(OpSchema(op, args, {}))
+    return PLANNER(OpSchema(op, args, {}))
 
 
 def offered(strategy: OpStrategy) -> set[tuple]:
@@ -88,7 +90,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
             aten.view.default, (candidates(self.x, mesh, Shard(1)), [2, 16]), {}
         )
         with self.assertRaisesRegex(RuntimeError, "redistribute"):
-            sc.query_strategy(schema, mesh, runtime=True)
+            sc.query_strategy(schema, mesh)
         strategy = ask(aten.view.default, *schema.args_schema)
         self.assertEqual(len(strategy.strategies), 1)
         self.assertGreater(strategy.strategies[0].redistribute_cost[0][0], 0)
@@ -119,7 +121,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
             (aten.trace.default, (x,)),
         ]:
             self.assertEqual(sc.registry(op), "decomposition")
-            self.assertEqual(sc.check_call(op, args, {}, mesh, runtime=False), [], op)
+            self.assertEqual(sc.check_call(op, args, {}, mesh, PLANNER), [], op)
 
     @with_comms
     def test_decomposition_refuses_what_dispatch_refuses(self) -> None:

@@ -1,4 +1,3 @@
-# mypy: allow-untyped-defs
 # Owner(s): ["oncall: distributed"]
 """
 The aten calls DTensor's registries answer, to check their strategies with

@@ -1,4 +1,3 @@
-# mypy: allow-untyped-defs
 # Owner(s): ["oncall: distributed"]
 """
 Checks DTensor's strategies against the contract stated on ``OpSpec`` and
@@ -6,9 +5,9 @@ Checks DTensor's strategies against the contract stated on ``OpSpec`` and
 answer by the op's results on fake tensors, so that any build can be judged.
 """
 
-import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,7 +44,7 @@ def _leaf_meta(x: object) -> TensorMeta | None:
     return spec.tensor_meta if isinstance(spec, DTensorSpec) else None
 
 
-def _args(op_schema: OpSchema) -> tuple[tuple, dict]:
+def _args(op_schema: OpSchema) -> tuple[tuple[object, ...], dict[str, object]]:
     return op_schema.args_schema, op_schema.kwargs_schema
 
 
@@ -57,15 +56,13 @@ def expected_output_metas(op_schema: OpSchema) -> Metas:
     def fake(x: object) -> object:
         if isinstance(x, TupleStrategy):
             return [fake(c) for c in x.children]
-        meta = _leaf_meta(x)
-        if meta is None:
+        if (meta := _leaf_meta(x)) is None:
             return x
-        with mode:
-            return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype)
+        return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype)
 
     is_leaf = lambda x: isinstance(x, (OpStrategy, TupleStrategy, DTensorSpec))  # noqa: E731
-    args, kwargs = tree_map(fake, _args(op_schema), is_leaf=is_leaf)
     with mode:
+        args, kwargs = tree_map(fake, _args(op_schema), is_leaf=is_leaf)
         out = op_schema.op(*args, **kwargs)
 
     def as_meta(t: object) -> Any:
@@ -176,13 +173,11 @@ def _violations(
 ) -> list[str]:
     op = op_schema.op
     if not isinstance(strategy, OpStrategy) or not strategy.strategies:
-        return [f"{op}: C5 {strategy} is not a non-empty OpStrategy"]
+        return [f"{op}: C5 {type(strategy).__name__} with no OpSpec"]
     inputs, found = _inputs(op_schema), []
     for k, spec in enumerate(strategy.strategies):
-        found += [
-            f"{op} OpSpec {k} {v}"
-            for v in _spec_violations(spec, inputs, expected, as_list)
-        ]
+        spec_found = _spec_violations(spec, inputs, expected, as_list)
+        found += [f"{op} OpSpec {k} {v}" for v in spec_found]
         outs = spec.output_specs if isinstance(spec.output_specs, tuple) else ()
         for i in sorted(p for p in rank_local if p < len(outs)):
             if isinstance(outs[i], DTensorSpec) and not outs[i].is_replicated():
@@ -210,23 +205,21 @@ def _options(t: torch.Tensor, mesh: DeviceMesh) -> list[Placement]:
 
 def runtime_candidate(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
     """The one candidate dispatch sees: sharded on the first evenly shardable dim."""
-    options = _options(t, mesh)
-    return [(options[min(1, len(options) - 1)],) * mesh.ndim]
+    return [(_options(t, mesh)[:2][-1],) * mesh.ndim]
 
 
 def planner_candidates(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
     """``Replicate`` and each evenly shardable dim, per mesh dim (six at most)."""
-    return list(
-        itertools.islice(itertools.product(_options(t, mesh), repeat=mesh.ndim), 6)
-    )
+    options = itertools.product(_options(t, mesh), repeat=mesh.ndim)
+    return list(itertools.islice(options, 6))
 
 
 def strategy_schema(
     op: OpOverload,
-    args: tuple,
-    kwargs: dict,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
     mesh: DeviceMesh,
-    candidates=runtime_candidate,
+    candidates: Callable[[torch.Tensor, DeviceMesh], Candidates] = runtime_candidate,
 ) -> OpSchema:
     """The schema a strategy function receives: each tensor an ``OpStrategy`` of
     ``candidates``, each tensor list a ``TupleStrategy``."""
@@ -254,15 +247,10 @@ def strategy_schema(
     return OpSchema(op, tuple(map(wrap, args)), wrap(kwargs), schema_info=info)
 
 
-def query_strategy(
-    op_schema: OpSchema, mesh: DeviceMesh, runtime: bool
-) -> StrategyType | None:
-    """The registry's strategy for ``op_schema``, asked as dispatch asks it
-    (``runtime``: with the metas it inferred, on the schema where ``OpSchema``
-    carries them) or as a planner does (``enumerate_strategies``)."""
+def query_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> StrategyType | None:
+    """The registry's strategy for ``op_schema``, asked as dispatch asks it: on the
+    inputs' first candidates, with the metas dispatch infers."""
     op, prop = op_schema.op, _propagator()
-    if not runtime:
-        return prop.enumerate_strategies(op_schema)
     if op == torch.ops.aten._local_scalar_dense.default:
         return None  # dispatch asks no strategy for it
 
@@ -275,18 +263,15 @@ def query_strategy(
     args, kwargs = tree_map(spec, _args(op_schema), is_leaf=is_leaf)
     specs = OpSchema(op, args, kwargs, schema_info=op_schema.schema_info)
     metas = prop._propagate_tensor_meta_non_cached(specs)
-    if "output_tensor_meta" in {f.name for f in dataclasses.fields(OpSchema)}:
-        op_schema = dataclasses.replace(op_schema, output_tensor_meta=metas)
     if registry(op) == "single_dim":
         info = prop.op_single_dim_strategy_funcs[op]
         expand = _expand_single_dim_strategy_to_mesh(mesh, op_schema, info, metas)
         return expand(op, op_schema.args_meta, op_schema.kwargs_meta)
     if registry(op) == "op_strategy":
         return prop.op_strategy_funcs[op](op_schema)
-    try:
+    try:  # dispatch reports any failure of the decomposition path as no strategy
         strategy = prop.decomp_strategy.propagate_strategy(specs, metas)
     except Exception as e:
-        # Dispatch turns any failure of the decomposition path into this.
         raise NotImplementedError(f"{op} has no sharding strategy") from e
     if strategy is None:
         raise NotImplementedError(f"{op} has no sharding strategy")
@@ -295,17 +280,18 @@ def query_strategy(
 
 def check_call(
     op: OpOverload,
-    args: tuple,
-    kwargs: dict,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
     mesh: DeviceMesh,
-    runtime: bool = True,
+    planner: Callable[[OpSchema], StrategyType] | None = None,
 ) -> list[str]:
-    """How DTensor's answer for ``op(*args, **kwargs)``, asked as dispatch or a
-    planner asks, breaks the contract: no answer where the op returns a tensor
-    is a finding, a data-dependent result is not judged, a refusal raises."""
-    candidates = runtime_candidate if runtime else planner_candidates
+    """How DTensor's answer for ``op(*args, **kwargs)``, asked as dispatch or by a
+    planner's query function (on ``planner_candidates``), breaks the contract: no
+    answer where the op returns a tensor is a finding, a data-dependent result is
+    not judged, a refusal raises."""
+    candidates = planner_candidates if planner else runtime_candidate
     schema = strategy_schema(op, args, kwargs, mesh, candidates)
-    strategy = query_strategy(schema, mesh, runtime)
+    strategy = planner(schema) if planner else query_strategy(schema, mesh)
     try:
         expected = expected_output_metas(schema)
     except (DataDependentOutputException, DynamicOutputShapeException):
