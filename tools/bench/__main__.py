@@ -181,7 +181,7 @@ def summarize(
     if name in PLANNER_BENCHES:
         keys = ("walk", "blocks", "candidate_cap", "mesh", "nodes", "queries", "specs",
                 "candidates", "registries", "fallback_nodes", "fallbacks", "fallback_reasons",
-                "repairs", "expanded", "missing")
+                "repairs", "expanded", "missing", "cost_computations")
         entry["walk"] = {r: {k: sides[r].infos[0].get(k) for k in keys} for r in ROLES}
         for r in ROLES:
             entry[f"{r}_peak_mib"] = sides[r].infos[0].get("peak_tracemalloc_mib")
@@ -251,6 +251,14 @@ def planner_lines(entries: list[dict[str, Any]]) -> list[str]:
                 f"{e[f'{r}_peak_per_spec_kib']} KiB per spec"
                 + (f"; missing in specs: {w['missing']}" if w.get("missing") else "")
             )
+            if w.get("cost_computations"):
+                c = w["cost_computations"]
+                lines.append(
+                    f"{e['name']} {r}: {c['computed']} redistribution costs computed, "
+                    f"{c['per_query']} per query; each distinct cost computed "
+                    f"{c['times_each_per_query']} times per query, "
+                    f"{c['times_each_per_walk']} times per walk"
+                )
     return lines
 
 

@@ -789,6 +789,42 @@ def walk_once(
     return PlannerWalk(mesh, graph, side, cap).run()
 
 
+def count_costs(
+    mesh: DeviceMesh, graph: torch.fx.Graph, side: str, cap: int
+) -> dict[str, Any]:
+    """One untimed walk that counts every redistribution cost computed.
+
+    ``redistribute_cost`` as the strategy utilities (and stock's repair, through
+    ``generate_redistribute_costs``) call it, attributed to the query being
+    answered: how many per query, and how many times each distinct (source spec,
+    target spec) cost is computed within a query and within the walk.
+    """
+    from unittest import mock
+
+    from torch.distributed.tensor._ops import utils
+
+    walk = PlannerWalk(mesh, graph, side, cap)
+    calls: list[tuple[int, tuple[DTensorSpec, DTensorSpec]]] = []
+    real = utils.redistribute_cost
+
+    def counted(src: DTensorSpec, dst: DTensorSpec, *args: Any, **kwargs: Any) -> float:
+        calls.append((walk.stats.queries, (src, dst)))
+        return real(src, dst, *args, **kwargs)
+
+    with mock.patch.object(utils, "redistribute_cost", counted):
+        stats = walk.run()
+    in_query, in_walk = len(set(calls)), len({pair for _, pair in calls})
+    return {
+        "computed": len(calls),
+        "per_query": round(len(calls) / max(stats.queries, 1), 2),
+        "times_each_per_query": round(len(calls) / max(in_query, 1), 2),
+        "times_each_per_walk": round(len(calls) / max(in_walk, 1), 2),
+        "what": "redistribute_cost calls in one cold walk (caches cleared first): in all, "
+        "per query, and per distinct (source, target) spec pair within a query and "
+        "within the walk",
+    }
+
+
 def check_walk(stats: WalkStats, graph: torch.fx.Graph) -> None:
     """Fail loudly unless the walk visited every aten node and produced specs."""
     aten_nodes = sum(

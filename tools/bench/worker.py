@@ -257,8 +257,11 @@ class PlannerBench(Benchmark):
 
     def info(self) -> dict[str, Any]:
         nodes = self.gm.graph.nodes
+        self.common.clear_dtensor_caches()
+        costs = self.planner.count_costs(self.mesh, self.gm.graph, self.side, self.cap)
         return {
             "walk": self.side,
+            "cost_computations": costs,
             "blocks": self.blocks,
             "candidate_cap": self.cap,
             "mesh": list(self.mesh.shape),

@@ -3,7 +3,12 @@
 
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
+from torch.distributed.tensor._op_schema import (
+    OpSchema,
+    OpSpec,
+    OpStrategy,
+    TupleStrategy,
+)
 from torch.distributed.tensor.placement_types import Replicate, Shard
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor import strategy_contract as sc
@@ -55,9 +60,8 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
             ("C4", OpSpec(out, ins, [[-1.0, 0.0], [0.0]])),
         ]:
             self.check(*args, spec, finding=f"^aten.mm.default OpSpec 0 .*{clause} ")
-        # asked as dispatch asks, and through a planner's query function
         mm = (aten.mm.default, (torch.randn(8, 4), torch.randn(4, 8)), {}, out.mesh)
-        self.assertEqual(sc.check_call(*mm), [])
+        self.assertEqual(sc.check_call(*mm), [])  # asked as dispatch asks
         found = sc.check_call(*mm, planner=lambda schema: OpStrategy([]))
         self.assertEqual(found, ["aten.mm.default: C5 OpStrategy with no OpSpec"])
 

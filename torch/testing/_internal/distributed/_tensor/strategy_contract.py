@@ -102,9 +102,7 @@ def _output_violations(outs: object, expected: Metas, as_list: bool) -> list[str
         return [f"C2 output_specs {outs} for {len(metas)} results"]
     found = []
     for i, (out, meta) in enumerate(zip(outs, metas)):
-        if (meta is None) != (out is None) or (
-            meta is not None and not isinstance(out, DTensorSpec)
-        ):
+        if (meta is None) != (out is None) or not isinstance(out, DTensorSpec | None):
             found.append(f"output {i}: C2 {out} where the op returns {meta}")
         elif meta is not None and not _same_meta(out.tensor_meta, meta):
             found.append(f"output {i}: C1 tensor_meta {out.tensor_meta}, not {meta}")
@@ -229,10 +227,8 @@ def strategy_schema(
 
     def wrap(x: Any) -> Any:
         if torch.is_tensor(x):
-            meta = TensorMeta(x.shape, x.stride(), x.dtype)
-            specs = [
-                DTensorSpec(mesh, c, tensor_meta=meta) for c in candidates(x, mesh)
-            ]
+            m = TensorMeta(x.shape, x.stride(), x.dtype)
+            specs = (DTensorSpec(mesh, c, tensor_meta=m) for c in candidates(x, mesh))
             return OpStrategy([OpSpec(s) for s in specs])
         if isinstance(x, dict):
             return {k: wrap(v) for k, v in x.items()}
