@@ -67,6 +67,8 @@ STAMP_NAME = ".build-stamp"
 OVERLAY_PTH = "_stock_site.pth"
 
 MAX_STEPS = 10
+#: Where the repo keeps the files the change adds, as in a pytorch checkout.
+NEW_FILE_DIRS = ("torch", "test", "benchmarks")
 MAX_STEP_LINES = 400
 MAX_PRODUCT_LINES = 600
 MAX_FIRST_STEP_PRODUCT_LINES = 150
@@ -309,8 +311,8 @@ def is_test_file(rel: str) -> bool:
 
 
 def is_test_side(rel: str) -> bool:
-    """Counted as test lines (the rest of the change is product lines)."""
-    return rel.startswith(("test/", "torch/testing/"))
+    """Counted as test lines, benchmarks among them (the rest is product lines)."""
+    return rel.startswith(("test/", "torch/testing/", "benchmarks/"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,7 +362,7 @@ def read_change(root: Path) -> Change:
                              "test/<upstream test path>.patch files")
         if patch.path != rel[:-len(".patch")]:
             raise BuildError(f"{path}: its headers name {patch.path}, its location {rel[:-len('.patch')]}")
-    new_files = {p.relative_to(root).as_posix(): p.read_bytes() for d in ("torch", "test") for p in walk(root / d)}
+    new_files = {p.relative_to(root).as_posix(): p.read_bytes() for d in NEW_FILE_DIRS for p in walk(root / d)}
     both = sorted((set(patches) | set(upstream_tests)) & set(new_files))
     if both:
         raise BuildError(f"both patched and added as new files: {', '.join(both)}")
@@ -450,7 +452,7 @@ def load_stack(path: Path, change: Change) -> list[Step]:
                 (new if rel in change.new_files else upstream).append(rel)
             else:
                 problems.append(f"{where}: {item} is neither patched (patches/{rel}.patch) nor a new file "
-                                "under torch/ or test/ (hunks can only be chosen from patches/torch/)")
+                                "under torch/, test/ or benchmarks/ (hunks can only be chosen from patches/torch/)")
         steps.append(Step(number, slug, title.strip(), {k: v.strip() for k, v in text.items()},
                           {r: frozenset(h) for r, h in hunks.items()}, tuple(new), tuple(run),
                           upstream_tests=tuple(upstream)))

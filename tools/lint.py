@@ -61,9 +61,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
 #: Repo directories whose Python files belong to the change.
-CHANGE_DIRS = ("torch", "test", "tools")
+CHANGE_DIRS = ("torch", "test", "benchmarks", "tools")
 #: Paths (repo-relative, as in pytorch) that PyTorch's mypy linter skips.
-MYPY_SKIPPED_PREFIXES = ("torch/testing/_internal/", "test/")
+MYPY_SKIPPED_PREFIXES = ("torch/testing/_internal/", "test/", "benchmarks/")
 
 _HUNK_RE = re.compile(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _FLAKE8_RE = re.compile(
