@@ -4,7 +4,13 @@ placed as the result is, so the call runs and gives plain torch's values."""
 
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
-from torch.distributed.tensor import distribute_tensor, Replicate, Shard
+from torch.distributed.tensor import (
+    distribute_tensor,
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+)
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
@@ -42,6 +48,11 @@ class TestReductionOutOverloads(LocalDTensorTestBase):
                 dx, dy, out = (distribute_tensor(t, mesh, [Shard(0)]) for t in ts)
                 fn(dx, dy, out=out)
                 self.assertEqual(out.full_tensor(), fn(x, y))
+            # mean's filter refuses Partial("avg") of uneven shards, for out= too
+            dx = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
+            out = DTensor.from_local(torch.zeros(4), mesh, [Partial("avg")])
+            with self.assertRaisesRegex(RuntimeError, "P\\(avg\\)"):
+                torch.mean(dx, 0, out=out)
 
 
 if __name__ == "__main__":
