@@ -25,9 +25,11 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 aten, X = torch.ops.aten, torch.randn(8, 4)
 PROP, MESHES = DTensor._op_dispatcher.sharding_propagator, [(4,), (2, 2)]
 INFER = "_propagate_tensor_meta_non_cached"  # the shape inference dispatch runs
-# Strategies that built specs without metas; convolution_backward masking one off.
+# Strategies that built specs without metas or inferred them again; convolution_backward
+# masking one off.
 CALLS = [(aten.view.default, (X, [32])), (aten.unbind.int, (X, 1))]
 CALLS += [(aten.stack.default, ([X, X], 1)), (aten.mm.default, (X, X.t()))]
+CALLS += [(aten._foreach_add_.List, ([X, X], [X, X]))]  # each element: its self
 CONV = (torch.randn(4, 4, 6, 6), torch.randn(4, 3, 8, 8), torch.randn(4, 3, 3, 3))
 CONV += ([4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, True])
 Q = torch.empty(8, 8, 16, 16, device="meta", dtype=torch.float16)
