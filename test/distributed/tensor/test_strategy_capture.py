@@ -1,6 +1,5 @@
 # Owner(s): ["oncall: distributed"]
-"""Strategies of the calls the capture records meet the contract, refusing only
-what eager DTensor refuses, and ``strategy_validation --contract`` reports it."""
+"""Captured calls' strategies meet the contract or are refused as eager DTensor is."""
 
 import itertools
 from unittest import mock
@@ -40,6 +39,8 @@ class TestStrategyCapture(LocalDTensorTestBase):
         want = {aten.mm.out, aten._foreach_add_.List, aten._fused_adam_.default}
         want |= {aten._scaled_dot_product_efficient_attention_backward.default}
         self.assertFalse(want - ops)
+        # the one run plain torch cannot do: autograd of this sample's foreach call
+        self.assertEqual(list(capture.failures), ["_foreach_add backward 6"])
         planner = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
         for (source, op, args, kwargs), ask in itertools.product(
             capture.calls, (None, planner)
