@@ -311,8 +311,8 @@ def is_test_file(rel: str) -> bool:
 
 
 def is_test_side(rel: str) -> bool:
-    """Counted as test lines, benchmarks among them (the rest is product lines)."""
-    return rel.startswith(("test/", "torch/testing/", "benchmarks/"))
+    """Counted as test lines (the rest of the change is product lines)."""
+    return rel.startswith(("test/", "torch/testing/"))
 
 
 @dataclasses.dataclass(frozen=True)
