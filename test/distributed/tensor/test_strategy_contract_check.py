@@ -82,6 +82,23 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
         ]
         self.check(aten._foreach_abs.default, args, *children, finding="^child 1: ")
 
+    @with_comms
+    def test_rank_local_results_are_none(self) -> None:
+        q = torch.empty(8, 8, 16, 16, device="meta", dtype=torch.float16)
+        op, mesh = (
+            aten._scaled_dot_product_efficient_attention.default,
+            self.build_device_mesh(),
+        )
+        schema = sc.strategy_schema(op, (q, q, q, q, True, 0.1), {}, mesh)
+        answer, want = sc.query_strategy(schema, mesh), sc.expected_output_metas(schema)
+        self.assertEqual(sc.contract_violations(schema, answer, want), [])
+        spec = answer.strategies[0]  # its philox seed placed like its output
+        outs = (*spec.output_specs[:2], spec.output_specs[0], *spec.output_specs[3:])
+        wrong = OpStrategy([OpSpec(outs, spec.input_specs, spec.redistribute_cost)])
+        found = sc.contract_violations(schema, wrong, want)
+        self.assertEqual(len(found), 1, found)
+        self.assertRegex(found[0], "OpSpec 0 output 2: C2 ")
+
 
 if __name__ == "__main__":
     run_tests()
