@@ -1,4 +1,3 @@
-# Owner(s): ["oncall: distributed"]
 """
 The aten calls DTensor's registries answer, to check their strategies with
 ``strategy_contract``: OpInfo samples run in every variant of ``VARIANTS``, and

@@ -1,9 +1,5 @@
-# Owner(s): ["oncall: distributed"]
-"""
-Checks DTensor's strategies against the contract stated on ``OpSpec`` and
-``OpStrategy`` (``torch/distributed/tensor/_op_schema.py``, C1-C5), judging each
-answer by the op's results on fake tensors, so that any build can be judged.
-"""
+"""Checks strategies against the contract stated on ``OpSpec`` (C1-C5), judging
+each answer by the op's results on fake tensors, so that any build can be judged."""
 
 import itertools
 import math
@@ -37,7 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 Metas = TensorMeta | tuple[TensorMeta | None, ...] | None  # None: no tensor result
 Candidates = list[tuple[Placement, ...]]  # an input's placements per candidate
-aten = torch.ops.aten
+aten, _PROP = torch.ops.aten, DTensor._op_dispatcher.sharding_propagator
 # Results dispatch returns as each rank's own local tensor, which no placement
 # describes (the attention ops' RNG state): C2 wants None there.
 RANK_LOCAL_RESULTS: dict[OpOverload, tuple[int, ...]] = {
@@ -49,10 +45,6 @@ RANK_LOCAL_RESULTS: dict[OpOverload, tuple[int, ...]] = {
 
 def _is_spec_or_strategy(x: object) -> bool:
     return isinstance(x, (OpStrategy, TupleStrategy, DTensorSpec))
-
-
-def _is_list_result(x: object) -> bool:
-    return torch.is_tensor(x) or isinstance(x, list)
 
 
 def _leaf_meta(x: object) -> TensorMeta | None:
@@ -85,7 +77,9 @@ def expected_output_metas(op_schema: OpSchema) -> Metas:
             return tuple(map(as_meta, t))
         return TensorMeta(t.shape, t.stride(), t.dtype) if torch.is_tensor(t) else None
 
-    if isinstance(out, (tuple, list)) and any(map(_is_list_result, out)):
+    if isinstance(out, (tuple, list)) and any(
+        torch.is_tensor(o) or isinstance(o, list) for o in out
+    ):
         return tuple(map(as_meta, out))
     return as_meta(out)
 
@@ -165,7 +159,7 @@ def contract_violations(
         def pick(x: object, i: int = i) -> object:
             return x.children[i] if isinstance(x, TupleStrategy) else x
 
-        args = tree_map(pick, _args(op_schema), is_leaf=_is_tuple_strategy)
+        args = tree_map(pick, _args(op_schema), is_leaf=_is_spec_or_strategy)
         element = OpSchema(op, *args)
         # A list result gives each element its entry, several lists their
         # entries (None past a list's end); an in-place op, self.
@@ -176,10 +170,6 @@ def contract_violations(
                 want = tuple(e[i] if i < len(e) else None for e in expected)
         found += [f"child {i}: {v}" for v in _violations(element, child, want, False)]
     return found
-
-
-def _is_tuple_strategy(x: object) -> bool:
-    return isinstance(x, TupleStrategy)
 
 
 def _violations(
@@ -195,15 +185,11 @@ def _violations(
     return found
 
 
-def _propagator() -> Any:
-    return DTensor._op_dispatcher.sharding_propagator
-
-
 def registry(op: OpOverload) -> str | None:
     """Which registry answers ``op``: single_dim, op_strategy or decomposition."""
-    if op in _propagator().op_single_dim_strategy_funcs:
+    if op in _PROP.op_single_dim_strategy_funcs:
         return "single_dim"
-    if op in _propagator().op_strategy_funcs:
+    if op in _PROP.op_strategy_funcs:
         return "op_strategy"
     return "decomposition" if DecompShardingStrategy.has_decomp(op) else None
 
@@ -214,14 +200,12 @@ def _options(t: torch.Tensor, mesh: DeviceMesh) -> list[Placement]:
 
 
 def runtime_candidate(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
-    """One candidate, as dispatch sees one: the first evenly shardable dim (a
-    choice of this utility; dispatch sees whatever the input holds)."""
+    """One candidate, as dispatch sees: the first evenly shardable dim, say."""
     return [(_options(t, mesh)[:2][-1],) * mesh.ndim]
 
 
 def planner_candidates(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
-    """``Replicate`` and each evenly shardable dim, per mesh dim; six at most, as
-    a planner's several candidates, few enough to keep a check quick."""
+    """``Replicate`` and each evenly shardable dim, per mesh dim (six at most)."""
     options = itertools.product(_options(t, mesh), repeat=mesh.ndim)
     return list(itertools.islice(options, 6))
 
@@ -235,9 +219,8 @@ def strategy_schema(
 ) -> OpSchema:
     """The schema a strategy function receives: each tensor an ``OpStrategy`` of
     ``candidates``, each tensor list a ``TupleStrategy``."""
-    prop = _propagator()
     if registry(op) == "decomposition":
-        prop.decomp_strategy.ensure_schema_info(op)
+        _PROP.decomp_strategy.ensure_schema_info(op)
 
     def wrap(x: Any) -> Any:
         if torch.is_tensor(x):
@@ -252,15 +235,15 @@ def strategy_schema(
             return TupleStrategy([wrap(e) for e in x])
         return type(x)(wrap(e) for e in x)
 
-    info = prop.op_to_schema_info.get(op)
-    info = info or prop.op_to_schema_info_for_single_dim_strategy.get(op)
+    info = _PROP.op_to_schema_info.get(op)
+    info = info or _PROP.op_to_schema_info_for_single_dim_strategy.get(op)
     return OpSchema(op, tuple(map(wrap, args)), wrap(kwargs), schema_info=info)
 
 
 def query_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> StrategyType | None:
     """The registry's strategy for ``op_schema``, asked as dispatch asks it: on the
     inputs' first candidates, with the metas dispatch infers."""
-    op, prop = op_schema.op, _propagator()
+    op, prop = op_schema.op, _PROP
     if op == torch.ops.aten._local_scalar_dense.default:
         return None  # dispatch asks no strategy for it
 
