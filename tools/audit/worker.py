@@ -194,7 +194,9 @@ def utility_rules(schema: OpSchema, info: Any) -> tuple[list[list[Placement | No
     n_outputs = len(rules[0]) - n_inputs if rules else sum("Tensor" in str(r.type) for r in op._schema.returns)
     resolved = [[Shard(p.dim) if isinstance(p, _ShardingPlaceholder) else p for p in rule] for rule in rules]
     if not any(all(p is None or isinstance(p, Replicate) for p in rule) for rule in resolved):
-        resolved.insert(0, [Replicate()] * (n_outputs + n_inputs))
+        # As DTensor's own replication rule: None where every rule places None (rank-local results)
+        none = [bool(resolved) and all(rule[i] is None for rule in resolved) for i in range(n_outputs + n_inputs)]
+        resolved.insert(0, [None if n else Replicate() for n in none])
     return resolved, n_outputs
 
 
