@@ -166,7 +166,7 @@ def contract_violations(
         want = _leaf_meta(_inputs(element)[0])
         if isinstance(expected, tuple) and not isinstance(expected, TensorMeta):
             want = expected[i]
-            if expected and type(expected[0]) is tuple:  # not a TensorMeta
+            if expected and not isinstance(expected[0], TensorMeta | None):
                 want = tuple(e[i] if i < len(e) else None for e in expected)
         found += [f"child {i}: {v}" for v in _violations(element, child, want, False)]
     return found
