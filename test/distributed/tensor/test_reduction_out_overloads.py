@@ -51,8 +51,25 @@ class TestReductionOutOverloads(LocalDTensorTestBase):
             # mean's filter refuses Partial("avg") of uneven shards, for out= too
             dx = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
             out = DTensor.from_local(torch.zeros(4), mesh, [Partial("avg")])
-            with self.assertRaisesRegex(RuntimeError, "P\\(avg\\)"):
+            with self.assertRaisesRegex(RuntimeError, "S\\(0\\) to P\\(avg\\)"):
                 torch.mean(dx, 0, out=out)
+
+    @with_comms
+    def test_copied_filter_serves_out_overloads(self) -> None:
+        """The out overloads inherit the functional rule's filter, which must
+        accept them: ``convolution.out`` runs as ``convolution`` does."""
+        mesh = self.build_device_mesh()
+        x, w, b = torch.randn(4, 3, 8), torch.randn(5, 3, 3), torch.randn(5)
+        args = ([1], [0], [1], False, [0], 1)
+        expected = torch.ops.aten.convolution.default(x, w, b, *args)
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            dw, db = (distribute_tensor(t, mesh, [Replicate()]) for t in (w, b))
+            for placement in (Shard(0), Replicate()):
+                dx = distribute_tensor(x, mesh, [placement])
+                empty = torch.empty_like(expected)
+                out = distribute_tensor(empty, mesh, [placement])
+                torch.ops.aten.convolution.out(dx, dw, db, *args, out=out)
+                self.assertEqual(out.full_tensor(), expected)
 
 
 if __name__ == "__main__":
