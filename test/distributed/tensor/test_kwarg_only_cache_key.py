@@ -48,6 +48,24 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
                         got = (meta.shape, meta.stride, meta.dtype)
                         self.assertEqual(got, (want.shape, want.stride(), want.dtype))
 
+    @with_comms
+    def test_float_kwargs_share_an_entry(self) -> None:
+        """A scheduled learning rate changes on every step without changing any
+        result's metadata, so the step after the first hits the cache."""
+        mesh = self.build_device_mesh()
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            states = [[distribute_tensor(torch.randn(8), mesh, [Shard(0)])] for _ in "pgmvs"]
+        kwargs = dict(beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8)
+        kwargs.update(amsgrad=False, maximize=False)
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        _clear_sharding_prop_cache()
+        for lr in (1e-3, 9e-4, 8e-4):
+            schema = DTensor._op_dispatcher.unwrap_to_op_info(
+                aten._fused_adam_.default, (*states, states[0]), {"lr": lr, **kwargs}
+            ).schema
+            propagator.propagate_op_sharding(schema)
+        self.assertEqual(propagator.propagate_op_sharding.cache_info().hits, 2)
+
 
 if __name__ == "__main__":
     run_tests()
