@@ -54,7 +54,8 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
         result's metadata, so the step after the first hits the cache."""
         mesh = self.build_device_mesh()
         with LocalTensorMode(frozenset(range(self.world_size))):
-            states = [[distribute_tensor(torch.randn(8), mesh, [Shard(0)])] for _ in "pgmvs"]
+            x = distribute_tensor(torch.randn(8), mesh, [Shard(0)])
+        states = [[x] for _ in "pgmvs"]  # params, grads, moments, max_exp_avg_sqs
         kwargs = dict(beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8)
         kwargs.update(amsgrad=False, maximize=False)
         propagator = DTensor._op_dispatcher.sharding_propagator

@@ -40,9 +40,7 @@ class TestStrategyCapture(LocalDTensorTestBase):
         want |= {aten._scaled_dot_product_efficient_attention_backward.default}
         self.assertFalse(want - ops)
         # plain torch runs every forward sample; only some have no autograd
-        self.assertLessEqual(
-            {run.split()[-2] for run in capture.failures}, {"backward"}
-        )
+        self.assertLessEqual({r.split()[-2] for r in capture.failures}, {"backward"})
         planner = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
         for (source, op, args, kwargs), ask in itertools.product(
             capture.calls, (None, planner)
