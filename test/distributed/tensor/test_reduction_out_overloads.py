@@ -56,8 +56,7 @@ class TestReductionOutOverloads(LocalDTensorTestBase):
 
     @with_comms
     def test_copied_filter_serves_out_overloads(self) -> None:
-        """The out overloads inherit the functional rule's filter, which must
-        accept them: ``convolution.out`` runs as ``convolution`` does."""
+        """``convolution.out`` inherits convolution's filter, which accepts it."""
         mesh = self.build_device_mesh()
         x, w, b = torch.randn(4, 3, 8), torch.randn(5, 3, 3), torch.randn(5)
         args = ([1], [0], [1], False, [0], 1)
@@ -66,8 +65,7 @@ class TestReductionOutOverloads(LocalDTensorTestBase):
             dw, db = (distribute_tensor(t, mesh, [Replicate()]) for t in (w, b))
             for placement in (Shard(0), Replicate()):
                 dx = distribute_tensor(x, mesh, [placement])
-                empty = torch.empty_like(expected)
-                out = distribute_tensor(empty, mesh, [placement])
+                out = distribute_tensor(torch.empty_like(expected), mesh, [placement])
                 torch.ops.aten.convolution.out(dx, dw, db, *args, out=out)
                 self.assertEqual(out.full_tensor(), expected)
 

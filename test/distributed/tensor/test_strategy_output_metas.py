@@ -25,8 +25,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 aten, X = torch.ops.aten, torch.randn(8, 4)
 PROP, MESHES = DTensor._op_dispatcher.sharding_propagator, [(4,), (2, 2)]
 INFER = "_propagate_tensor_meta_non_cached"  # the shape inference dispatch runs
-# Through the single-dim expansion: one op, and an in-place list op, whose
-# elements take their self's meta. convolution_backward masks a result off.
+# Single-dim expansions: an op, an in-place list op (elements: their self's meta)
 CALLS = [(aten.mm.default, (X, X.t())), (aten._foreach_add_.List, ([X, X], [X, X]))]
 CONV = (torch.randn(4, 4, 6, 6), torch.randn(4, 3, 8, 8), torch.randn(4, 3, 3, 3))
 CONV += ([4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, True])
@@ -101,6 +100,16 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
                 torch._foreach_addcmul_(ts, ts, ts, [1.0, 3.0])
                 torch._foreach_addcdiv_(ts, ts, ts, [0.5, 4.0])
             self.assertEqual([x.full_tensor() for x in xs], plain)
+
+    @with_comms
+    def test_eager_masked_off_result(self) -> None:
+        """A masked-off result over a 2-d mesh: stock's expansion raised on it."""
+        mesh, want = init_device_mesh("cpu", (2, 2)), aten.convolution_backward(*CONV)
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            d = [distribute_tensor(t, mesh, [Shard(0), Replicate()]) for t in CONV[:2]]
+            dw = distribute_tensor(CONV[2], mesh, [Replicate()] * 2)
+            got = aten.convolution_backward(*d, dw, *CONV[3:])
+            self.assertEqual([r if r is None else r.full_tensor() for r in got], want)
 
 
 if __name__ == "__main__":
