@@ -77,7 +77,7 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
 
     @with_comms
     def test_attention(self) -> None:
-        """Forward and backward; the RNG state is ``None``, and eager keeps it local."""
+        """Forward and backward; rank-local results are ``None``, eager keeps them."""
         for shape, (name, args) in itertools.product(MESHES, ATTENTION.items()):
             mesh = init_device_mesh("cpu", shape)
             prefix = f"_scaled_dot_product_{name}_attention"

@@ -18,7 +18,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 from torch.utils._pytree import tree_map_only
 
 
-aten = torch.ops.aten
+aten, X, Y = torch.ops.aten, torch.randn(8, 4), torch.randn(4, 8)
 
 
 def candidates(t: torch.Tensor, mesh: DeviceMesh, *placements: Placement) -> OpStrategy:
@@ -49,23 +49,18 @@ def offered(strategy: OpStrategy) -> set[tuple]:
 
 
 class TestPlannerQueries(LocalDTensorTestBase):
-    def setUp(self) -> None:
-        super().setUp()
-        self.x, self.y = torch.randn(8, 4), torch.randn(4, 8)
-
     @with_comms
     def test_the_answer_does_not_depend_on_repeated_candidates(self) -> None:
         """Single-dim expansion asserted on more than one candidate per input."""
         mesh = init_device_mesh("cpu", (4,))
-        y = candidates(self.y, mesh, Replicate())
+        y = candidates(Y, mesh, Replicate())
         for op, first, rest in [
             (aten.mm.default, Replicate(), (y,)),
             (aten.view.default, Shard(1), ([2, 16],)),
             (aten.unbind.int, Shard(1), (0,)),
         ]:
             answers = [
-                ask(op, candidates(self.x, mesh, *[first] * n), *rest)
-                for n in (1, 2, 3)
+                ask(op, candidates(X, mesh, *[first] * n), *rest) for n in (1, 2, 3)
             ]
             self.assertEqual(len(answers[0].strategies), len(answers[2].strategies))
             self.assertEqual(offered(answers[0]), offered(answers[1]), op)
@@ -75,10 +70,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
     def test_replicated_candidates_are_offered_sharded_strategies(self) -> None:
         """Placeholders expand to ``Shard`` though no candidate is sharded."""
         mesh = init_device_mesh("cpu", (4,))
-        x, y = (
-            candidates(self.x, mesh, Replicate()),
-            candidates(self.y, mesh, Replicate()),
-        )
+        x, y = (candidates(t, mesh, Replicate()) for t in (X, Y))
         outputs = {out for out, _ in offered(ask(aten.mm.default, x, y))}
         self.assertIn((Shard(0),), outputs)
 
@@ -87,7 +79,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
         """Dispatch refuses it; a planner is offered it at its cost."""
         mesh = init_device_mesh("cpu", (4,))
         schema = OpSchema(
-            aten.view.default, (candidates(self.x, mesh, Shard(1)), [2, 16]), {}
+            aten.view.default, (candidates(X, mesh, Shard(1)), [2, 16]), {}
         )
         with self.assertRaisesRegex(RuntimeError, "redistribute"):
             sc.query_strategy(schema, mesh)
@@ -100,7 +92,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
         """Offered unsharded there, at the all-gather's cost; the answer was empty."""
         mesh = init_device_mesh("cpu", (4,))
         for placements in [(Shard(0),), (Shard(0), Replicate(), Shard(1))]:
-            strategy = ask(aten.unbind.int, candidates(self.x, mesh, *placements), 0)
+            strategy = ask(aten.unbind.int, candidates(X, mesh, *placements), 0)
             inputs = sorted(
                 str(s.input_specs[0].placements) for s in strategy.strategies
             )
@@ -113,7 +105,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
     @with_comms
     def test_decomposition_answers_planners(self) -> None:
         """The decomposition path answered ``None`` to anything but runtime specs."""
-        mesh, x = init_device_mesh("cpu", (2, 2)), self.x
+        mesh, x = init_device_mesh("cpu", (2, 2)), X
         for op, args in [
             (aten.hardswish.default, (x,)),
             (aten.glu.default, (x,)),
@@ -125,17 +117,19 @@ class TestPlannerQueries(LocalDTensorTestBase):
 
     @with_comms
     def test_decomposition_refuses_what_dispatch_refuses(self) -> None:
-        """An op whose decomposition does not trace has no strategy for a planner,
-        as dispatch has none even for replicated inputs."""
-        mesh, x = init_device_mesh("cpu", (4,)), torch.randn(2, 3, 8)
-        with self.assertRaisesRegex(
-            NotImplementedError, "reflection_pad1d.default: its decomposition does not"
-        ):
-            ask(aten.reflection_pad1d.default, candidates(x, mesh, Replicate()), [1, 1])
-        with LocalTensorMode(frozenset(range(self.world_size))):
-            dx = distribute_tensor(x, mesh, [Replicate()])
-            with self.assertRaisesRegex(NotImplementedError, "sharding strategy"):
-                aten.reflection_pad1d(dx, [1, 1])
+        """An op whose decomposition does not trace, or takes a list of DTensors,
+        has no strategy for a planner, as dispatch has none on replicated inputs."""
+        mesh, x = init_device_mesh("cpu", (4,)), torch.randn(3, 8)
+        for op, args, reason in [
+            (aten.reflection_pad1d.default, lambda t: (t, [1, 1]), "does not trace"),
+            (aten.block_diag.default, lambda t: ([t, t],), "takes no DTensor lists"),
+        ]:
+            with self.assertRaisesRegex(NotImplementedError, f"{op}: its .*{reason}"):
+                ask(op, *args(candidates(x, mesh, Replicate())))
+            with LocalTensorMode(frozenset(range(self.world_size))):
+                dx = distribute_tensor(x, mesh, [Replicate()])
+                with self.assertRaisesRegex(NotImplementedError, "sharding strategy"):
+                    op(*args(dx))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ Metas = TensorMeta | tuple[TensorMeta | None, ...] | None  # None: no tensor res
 Candidates = list[tuple[Placement, ...]]  # an input's placements per candidate
 aten, _PROP = torch.ops.aten, DTensor._op_dispatcher.sharding_propagator
 # Results dispatch returns as each rank's own local tensor, which no placement
-# describes (the attention ops' RNG state): C2 wants None there.
+# describes (RNG seeds and offsets, flash's `unused`): C2 wants None there.
 RANK_LOCAL_RESULTS: dict[OpOverload, tuple[int, ...]] = {
     aten._scaled_dot_product_efficient_attention.default: (2, 3),
     aten._scaled_dot_product_cudnn_attention.default: (6, 7),
