@@ -8,6 +8,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._ops import utils
+from torch.distributed.tensor._redistribute import use_min_cost_redistribution_plan
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor import strategy_contract as sc
@@ -32,13 +33,16 @@ class TestStrategyCostRows(LocalDTensorTestBase):
 
     @with_comms
     def test_repeated_query_computes_no_cost_until_caches_are_cleared(self) -> None:
-        """Same rows each time; computed only when no query has asked them yet."""
+        """Same rows each time; computed only when no query with the same plan
+        setting has asked them yet."""
         for shape in [(4,), (2, 2)]:
             mesh = init_device_mesh("cpu", shape)
             _clear_sharding_prop_cache()
             rows, computed = self.costs_computed(mesh)
             self.assertGreater(computed, 0)
             self.assertEqual(self.costs_computed(mesh), (rows, 0))
+            with use_min_cost_redistribution_plan():  # rows key on the plan setting
+                self.assertGreater(self.costs_computed(mesh)[1], 0)
             _clear_sharding_prop_cache()
             self.assertEqual(self.costs_computed(mesh), (rows, computed))
 

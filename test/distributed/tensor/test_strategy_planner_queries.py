@@ -76,16 +76,15 @@ class TestPlannerQueries(LocalDTensorTestBase):
 
     @with_comms
     def test_view_redistributes_a_candidate_it_cannot_keep(self) -> None:
-        """Dispatch refuses it; a planner is offered it at its cost."""
+        """Dispatch refuses it; a planner is offered it replicated, at its cost."""
         mesh = init_device_mesh("cpu", (4,))
-        schema = OpSchema(
-            aten.view.default, (candidates(X, mesh, Shard(1)), [2, 16]), {}
-        )
-        with self.assertRaisesRegex(RuntimeError, "redistribute"):
-            sc.query_strategy(schema, mesh)
-        strategy = ask(aten.view.default, *schema.args_schema)
-        self.assertEqual(len(strategy.strategies), 1)
-        self.assertGreater(strategy.strategies[0].redistribute_cost[0][0], 0)
+        for placement in (Shard(0), Shard(1)):  # (8, 4) viewed as (2, 16)
+            args = (candidates(X, mesh, placement), [2, 16])
+            with self.assertRaisesRegex(RuntimeError, "redistribute"):
+                sc.query_strategy(OpSchema(aten.view.default, args, {}), mesh)
+            (strategy,) = ask(aten.view.default, *args).strategies
+            self.assertEqual(strategy.input_specs[0].placements, (Replicate(),))
+            self.assertGreater(strategy.redistribute_cost[0][0], 0)
 
     @with_comms
     def test_unbind_offers_the_input_unsharded_on_the_unbind_dim(self) -> None:
