@@ -43,6 +43,13 @@ class TestReductionOutOverloads(LocalDTensorTestBase):
                         fn(dt, 1, out=out)
                         self.assertEqual(out.placements, (placement,))
                         self.assertEqual(out.full_tensor(), expected)
+            dx = distribute_tensor(x, mesh, [Shard(0)])
+            dy = distribute_tensor(x.T, mesh, [Replicate()])
+            for placement in (Shard(0), Replicate()):  # mm.out's out is keyed too
+                out = distribute_tensor(torch.empty(8, 8), mesh, [placement])
+                torch.mm(dx, dy, out=out)
+                self.assertEqual(out.placements, (placement,))
+                self.assertEqual(out.full_tensor(), x @ x.T)
             for fn in (torch.max, torch.min):  # the elementwise out overloads
                 ts = (x, x.cos(), torch.empty(8, 6))
                 dx, dy, out = (distribute_tensor(t, mesh, [Shard(0)]) for t in ts)

@@ -91,17 +91,6 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
             self.assertEqual(plain, set(sc.RANK_LOCAL_RESULTS[op]))
 
     @with_comms
-    def test_inplace_foreach_with_a_scalar_list(self) -> None:
-        mesh, plain = init_device_mesh("cpu", (4,)), list(torch.rand(2, 8, 4))
-        with LocalTensorMode(frozenset(range(self.world_size))):
-            xs = [distribute_tensor(t.clone(), mesh, [Shard(0)]) for t in plain]
-            for ts in (xs, plain):
-                torch._foreach_add_(ts, [10.0, 2.0])
-                torch._foreach_addcmul_(ts, ts, ts, [1.0, 3.0])
-                torch._foreach_addcdiv_(ts, ts, ts, [0.5, 4.0])
-            self.assertEqual([x.full_tensor() for x in xs], plain)
-
-    @with_comms
     def test_eager_masked_off_result(self) -> None:
         """A masked-off result over a 2-d mesh: stock's expansion raised on it."""
         mesh, want = init_device_mesh("cpu", (2, 2)), aten.convolution_backward(*CONV)
