@@ -152,6 +152,7 @@ def capture_opinfo(
     grad &= dtype.is_floating_point or dtype.is_complex
     grad &= opinfo.supports_out or not foreach
     kwargs = {"num_input_tensors": [2]} if foreach else {}
+    out_variant = "out" in variants and opinfo.supports_out and not foreach
     torch.default_generator.manual_seed(0)  # the same samples in every run
     # the sample function itself: sample_inputs inspects the stack per sample
     make = functools.partial(opinfo.sample_inputs_func, opinfo, device, dtype, grad)
@@ -171,12 +172,7 @@ def capture_opinfo(
             x, args, kw = copy(inputs)
             call = lambda _: opinfo.inplace_variant(x, *args, **kw)  # noqa: E731
             capture.run(f"{name} inplace {i}", call)
-        if (
-            "out" in variants
-            and opinfo.supports_out
-            and not foreach
-            and out is not None
-        ):
+        if out_variant and out is not None:
             x, args, kw = copy(inputs)
             out = tuple(out) if isinstance(out, tuple) else out
             res = tree_map_only(
@@ -302,3 +298,8 @@ def eager_error(
         except Exception as e:
             return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
     return None
+
+
+def refused_alike(error: Exception, eager: str | None) -> bool:
+    """Whether ``eager_error`` reports ``error``'s type or one of its bases."""
+    return any((eager or "").startswith(f"{t.__name__}:") for t in type(error).__mro__)
