@@ -34,13 +34,6 @@ from torch.utils._pytree import tree_flatten, tree_map
 Metas = TensorMeta | tuple[TensorMeta | None, ...] | None  # None: no tensor result
 Candidates = list[tuple[Placement, ...]]  # an input's placements per candidate
 aten, _PROP = torch.ops.aten, DTensor._op_dispatcher.sharding_propagator
-# Results dispatch returns as each rank's own local tensor, which no placement
-# describes (RNG seeds and offsets, flash's `unused`): C2 wants None there.
-RANK_LOCAL_RESULTS: dict[OpOverload, tuple[int, ...]] = {
-    aten._scaled_dot_product_efficient_attention.default: (2, 3),
-    aten._scaled_dot_product_cudnn_attention.default: (6, 7),
-    aten._scaled_dot_product_flash_attention.default: (7,),
-}
 
 
 def _is_spec_or_strategy(x: object) -> bool:
@@ -94,7 +87,9 @@ def _same_meta(a: TensorMeta | None, b: TensorMeta | None) -> bool:
     )
 
 
-def _output_violations(outs: object, expected: Metas, as_list: bool) -> list[str]:
+def _output_violations(
+    outs: object, local: tuple[TensorMeta | None, ...] | None, expected: Metas, as_list: bool
+) -> list[str]:
     if expected is None:
         if outs is not None and not (isinstance(outs, tuple) and not any(outs)):
             return [f"C2 output_specs {outs} where the op returns no tensor"]
@@ -110,7 +105,10 @@ def _output_violations(outs: object, expected: Metas, as_list: bool) -> list[str
         return [f"C2 output_specs {outs} for {len(metas)} results"]
     found = []
     for i, (out, meta) in enumerate(zip(outs, metas)):
-        if (meta is None) != (out is None) or not isinstance(out, DTensorSpec | None):
+        if out is None and meta is not None:  # a rank-local result, with its meta
+            if not (local and i < len(local) and _same_meta(local[i], meta)):
+                found.append(f"output {i}: C2 None without local_output_metas {meta}")
+        elif meta is None and out is not None or not isinstance(out, DTensorSpec | None):
             found.append(f"output {i}: C2 {out} where the op returns {meta}")
         elif meta is not None and not _same_meta(out.tensor_meta, meta):
             found.append(f"output {i}: C1 tensor_meta {out.tensor_meta}, not {meta}")
@@ -120,7 +118,9 @@ def _output_violations(outs: object, expected: Metas, as_list: bool) -> list[str
 def _spec_violations(
     spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as_list: bool
 ) -> list[str]:
-    found = _output_violations(spec.output_specs, expected, as_list)
+    found = _output_violations(
+        spec.output_specs, spec.local_output_metas, expected, as_list
+    )
     if spec.input_specs is None or len(spec.input_specs) != len(inputs):
         found.append(f"C3 input_specs {spec.input_specs} for {len(inputs)} inputs")
     else:
@@ -131,8 +131,13 @@ def _spec_violations(
     sizes = [len(i.strategies) for i in inputs]
     if costs is None or [len(row) for row in costs] != sizes:
         found.append(f"C4 redistribute_cost {costs} for inputs of {sizes} candidates")
-    elif any(math.isnan(c) or c < 0 for row in costs for c in row):
-        found.append(f"C4 redistribute_cost {costs}")
+        return found
+    for i, (row, inp) in enumerate(zip(costs, inputs)):
+        for cost, candidate in zip(row, inp.strategies):
+            same = spec.input_specs and i < len(spec.input_specs)
+            same = same and candidate.output_spec.placements == spec.input_specs[i].placements
+            if math.isnan(cost) or cost < 0 or (same and math.isinf(cost)):
+                found.append(f"input {i}: C4 cost {cost} from {candidate.output_spec}")
     return found
 
 
@@ -145,11 +150,8 @@ def contract_violations(
 ) -> list[str]:
     """Every way ``strategy`` breaks the contract, naming op, child, ``OpSpec``,
     position and clause; ``expected`` is :func:`expected_output_metas` of
-    ``op_schema`` (``None`` stands for the op's ``RANK_LOCAL_RESULTS``)."""
+    ``op_schema``."""
     op = op_schema.op
-    if local := RANK_LOCAL_RESULTS.get(op):
-        metas = enumerate(expected if isinstance(expected, tuple) else ())
-        expected = tuple(None if i in local else m for i, m in metas)
     if not isinstance(strategy, TupleStrategy):
         as_list = any(isinstance(r.type, torch.ListType) for r in op._schema.returns)
         return _violations(op_schema, strategy, expected, as_list)
