@@ -41,7 +41,7 @@ from tools.audit import extend
 from tools.audit.report import CATEGORIES, CLAUSES, MESHES, MODES, clauses, raised_category
 
 CHECKER = Path(__file__).resolve().parents[2] / "torch/testing/_internal/distributed/_tensor/strategy_contract.py"
-CAPTURE = CHECKER.with_name("strategy_capture.py")
+CAPTURE = Path(__file__).resolve().with_name("capture.py")
 PLANNER_CANDIDATES = 6  # per input: enough to mix Replicate and Shard on every mesh dim, cheap to expand
 QUERY_TIMEOUT_S = 20  # a planner waiting longer than this for one answer has no answer
 # Timed in this process's CPU time, so that a loaded machine does not time queries out.

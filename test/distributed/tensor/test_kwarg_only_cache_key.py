@@ -4,12 +4,18 @@
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import distribute_tensor, DTensor, Replicate, Shard
+from torch.distributed.tensor._ops.utils import (
+    register_op_strategy,
+    replicate_op_strategy,
+)
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
     with_comms,
 )
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 
 aten = torch.ops.aten
@@ -21,15 +27,20 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
         mesh = self.build_device_mesh()
         local_mode = LocalTensorMode(frozenset(range(self.world_size)))
         x, boundaries = torch.randn(8, 3), torch.linspace(-1, 1, 5)
+        x4d = torch.randn(4, 4, 4, 4)
         with local_mode:
             dx = distribute_tensor(x, mesh, [Shard(0)])
             db = distribute_tensor(boundaries, mesh, [Replicate()])
+            dx4d = distribute_tensor(x4d, mesh, [Replicate()])
         # (op, args, DTensor args, two calls that differ in a kwarg-only value)
         cases = [
             (aten.bucketize.Tensor, (x, boundaries), (dx, db))
             + ({"right": True}, {"out_int32": True}),
             (aten.sum.dim_IntList, (x, [1]), (dx, [1]))
             + ({"dtype": torch.float64}, {"dtype": torch.float16}),
+            # registered by a loop over foreach variants, not a decorator
+            (aten._foreach_clone.default, ([x4d],), ([dx4d],))
+            + ({}, {"memory_format": torch.channels_last}),
         ]
         propagator = DTensor._op_dispatcher.sharding_propagator
         for op, args, dargs, *calls in cases:
@@ -44,9 +55,12 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
                         op, dargs, kwargs
                     ).schema
                     output_spec = propagator.propagate_op_sharding(schema).output_spec
-                    for meta in (out._spec.tensor_meta, output_spec.tensor_meta):
-                        got = (meta.shape, meta.stride, meta.dtype)
-                        self.assertEqual(got, (want.shape, want.stride(), want.dtype))
+                    specs = zip(*map(tree_leaves, (out, output_spec, want)))
+                    for dtensor, spec, plain in specs:
+                        for meta in (dtensor._spec.tensor_meta, spec.tensor_meta):
+                            got = (meta.shape, meta.stride, meta.dtype)
+                            expected = (plain.shape, plain.stride(), plain.dtype)
+                            self.assertEqual(got, expected, op)
 
     @with_comms
     def test_float_kwargs_share_an_entry(self) -> None:
@@ -66,6 +80,83 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
             ).schema
             propagator.propagate_op_sharding(schema)
         self.assertEqual(propagator.propagate_op_sharding.cache_info().hits, 2)
+
+    @with_comms
+    def test_opinfo_samples_with_a_warm_cache(self) -> None:
+        """Each sample of ops with kwarg-only arguments, in place and with
+        ``out=`` too, one after another: every result's spec has its local
+        tensor's shape and stride (replicated)."""
+        mesh, checked = self.build_device_mesh(), 0
+        _clear_sharding_prop_cache()
+        for opinfo in (o for o in op_db if o.name in KWARG_ONLY_OPINFOS):
+            for sample in opinfo.sample_inputs("cpu", torch.float32):
+                variants = [(opinfo.op, {})]
+                variants += [(opinfo.inplace_variant, {})] * bool(opinfo.inplace_variant)
+                if opinfo.supports_out:
+                    want = opinfo.op(sample.input, *sample.args, **sample.kwargs)
+                    variants.append((opinfo.op, {"out": tree_map_only(
+                        torch.Tensor, torch.empty_like, want
+                    )}))
+                for fn, out in variants:
+                    with LocalTensorMode(frozenset(range(self.world_size))):
+
+                        def dtensor(t: torch.Tensor) -> DTensor:
+                            return distribute_tensor(t.clone(), mesh, [Replicate()])
+
+                        args, kwargs = tree_map_only(
+                            torch.Tensor,
+                            dtensor,
+                            ((sample.input, *sample.args), {**sample.kwargs, **out}),
+                        )
+                        try:
+                            results = fn(*args, **kwargs)
+                        except RuntimeError:
+                            continue  # the op rejects the in-place or out= call
+                        for r in tree_leaves(results):
+                            if isinstance(r, DTensor):
+                                local = r._local_tensor
+                                got = (r.shape, r.stride())
+                                self.assertEqual(got, (local.shape, local.stride()))
+                                checked += 1
+        self.assertGreater(checked, 100)
+
+    @with_comms
+    def test_registration_flattens_tensor_lists(self) -> None:
+        """A rule registered without ``needs_pytree`` for an op taking a tensor list
+        saw none of the list's DTensors; registration reads it from the schema."""
+        op = torch.ops.dtensor_kwarg_test.add_all.default
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        register_op_strategy(op)(replicate_op_strategy)
+        try:
+            self.assertTrue(propagator.op_to_schema_info[op].needs_pytree)
+            x, mesh = torch.randn(4, 4), self.build_device_mesh()
+            with LocalTensorMode(frozenset(range(self.world_size))):
+                dxs = [distribute_tensor(x, mesh, [Shard(0)]) for _ in range(2)]
+                self.assertEqual(op(dxs).full_tensor(), x + x)
+        finally:
+            del propagator.op_strategy_funcs[op], propagator.op_to_schema_info[op]
+
+
+@torch.library.custom_op("dtensor_kwarg_test::add_all", mutates_args=())
+def add_all(xs: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(xs).sum(0)
+
+
+add_all.register_fake(lambda xs: torch.empty_like(xs[0]))
+
+
+# OpInfos of ops with kwarg-only arguments that change a result's metadata.
+KWARG_ONLY_OPINFOS = {
+    "clone",
+    "contiguous",
+    "sum",
+    "cumsum",
+    "div",
+    "bucketize",
+    "ones_like",
+    "zeros_like",
+    "full_like",
+}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from unittest import mock
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._collective_utils import redistribute_cost
 from torch.distributed.tensor._ops.utils import _first_candidate_schema
 from torch.testing._internal.common_utils import run_tests
@@ -42,7 +42,7 @@ class TestRuleStrategyMetas(LocalDTensorTestBase):
         mesh = init_device_mesh("cpu", (4,))
         args = (torch.randn(8, 3), 1)  # candidates: Replicate and Shard(0)
         schema = sc.strategy_schema(
-            aten.unbind.int, args, {}, mesh, sc.planner_candidates
+            aten.unbind.int, args, {}, mesh, lambda t, m: [(Replicate(),), (Shard(0),)]
         )
         answer = PROP.op_strategy_funcs[aten.unbind.int](schema)
         candidates = [s.output_spec for s in schema.args_schema[0].strategies]

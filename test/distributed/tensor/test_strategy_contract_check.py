@@ -1,6 +1,8 @@
 # Owner(s): ["oncall: distributed"]
 """The contract check names each clause a strategy breaks and accepts a complete one."""
 
+import math
+
 import torch
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
@@ -58,6 +60,7 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
             ("C3", OpSpec(out, [self.spec(S, None), ins[1]], costs)),
             ("C4", OpSpec(out, ins, [[0.0], [0.0]])),
             ("C4", OpSpec(out, ins, [[-1.0, 0.0], [0.0]])),
+            ("C4", OpSpec(out, ins, [[0.0, math.inf], [0.0]])),  # S to S
         ]:
             self.check(*args, spec, finding=f"^aten.mm.default OpSpec 0 .*{clause} ")
         mm = (aten.mm.default, (torch.randn(8, 4), torch.randn(4, 8)), {}, out.mesh)
@@ -74,6 +77,11 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
         outs = [self.spec(R, m) for m in (metas[1], metas[2], meta(4))]
         self.check(*conv, OpSpec((None, *outs[1:]), ins, costs))  # no grad_input
         self.check(*conv, OpSpec(tuple(outs), ins, costs), finding="output 0: C2")
+        grads = (aten.convolution_backward.default, (*args, [True] * 3))
+        local = OpSpec((None, *outs[1:]), ins, costs)  # grad_input's meta missing
+        self.check(*grads, local, finding="output 0: C2 None without local_output")
+        local.local_output_metas = (metas[1], None, None)  # rank-local, with it
+        self.check(*grads, local)
         x, y = meta(8, 4), meta(4, 8)
         args = (TupleStrategy(self.inputs(x, y, candidates=(S,))),)
         children = [

@@ -8,7 +8,10 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._ops import utils
-from torch.distributed.tensor._redistribute import use_min_cost_redistribution_plan
+from torch.distributed.tensor._redistribute import (
+    _gen_transform_infos,
+    use_min_cost_redistribution_plan,
+)
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor import strategy_contract as sc
@@ -19,6 +22,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 
 
 PROP, MM = DTensor._op_dispatcher.sharding_propagator, torch.ops.aten.mm.default
+BMM = torch.ops.aten.bmm.default
 ARGS = (torch.randn(8, 4), torch.randn(4, 8))
 
 
@@ -45,6 +49,31 @@ class TestStrategyCostRows(LocalDTensorTestBase):
                 self.assertGreater(self.costs_computed(mesh)[1], 0)
             _clear_sharding_prop_cache()
             self.assertEqual(self.costs_computed(mesh), (rows, computed))
+
+    @with_comms
+    def test_plan_setting_never_reads_stale_rows(self) -> None:
+        """Rows asked under ``use_min_cost_redistribution_plan`` after rows asked
+        without it, no cache cleared, were the default plan's."""
+        mesh = init_device_mesh("cpu", (2, 2))
+        args = (torch.randn(4, 8, 6), torch.randn(4, 6, 8))
+        schema = sc.strategy_schema(BMM, args, {}, mesh, sc.planner_candidates)
+
+        def rows() -> list:
+            return [s.redistribute_cost for s in PROP.enumerate_strategies(schema).strategies]
+
+        def clear() -> None:  # and the redistribution plans the costs come from
+            _clear_sharding_prop_cache()
+            _gen_transform_infos.cache_clear()
+
+        for first, second in ((False, True), (True, False)):
+            clear()
+            with use_min_cost_redistribution_plan(first):
+                rows()
+            with use_min_cost_redistribution_plan(second):
+                warm = rows()
+            clear()
+            with use_min_cost_redistribution_plan(second):
+                self.assertEqual(warm, rows())
 
 
 if __name__ == "__main__":

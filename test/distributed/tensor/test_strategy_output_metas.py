@@ -77,7 +77,9 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
 
     @with_comms
     def test_attention(self) -> None:
-        """Forward and backward; rank-local results are ``None``, eager keeps them."""
+        """Forward and backward meet the contract. The results eager DTensor returns
+        as local tensors (RNG seeds and offsets, flash's ``unused``) are ``None`` in
+        the output specs and their metas are in ``local_output_metas``."""
         for shape, (name, args) in itertools.product(MESHES, ATTENTION.items()):
             mesh = init_device_mesh("cpu", shape)
             prefix = f"_scaled_dot_product_{name}_attention"
@@ -88,7 +90,10 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
             dq = DTensor.from_local(Q, mesh, [Replicate()] * mesh.ndim, run_check=False)
             results = op(*(dq if a is Q else a for a in args))
             plain = {i for i, r in enumerate(results) if type(r) is torch.Tensor}
-            self.assertEqual(plain, set(sc.RANK_LOCAL_RESULTS[op]))
+            schema = sc.strategy_schema(op, args, {}, mesh)
+            for spec in sc.query_strategy(schema, mesh).strategies:
+                local = enumerate(spec.local_output_metas or ())
+                self.assertEqual({i for i, m in local if m is not None}, plain)
 
     @with_comms
     def test_eager_masked_off_result(self) -> None:

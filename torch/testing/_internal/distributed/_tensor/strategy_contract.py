@@ -1,7 +1,6 @@
 """Checks strategies against the contract stated on ``OpSpec`` (C1-C5), judging
 each answer by the op's results on fake tensors, so that any build can be judged."""
 
-import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +13,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import distribute_tensor, DTensor
 from torch.distributed.tensor._decompositions import DecompShardingStrategy
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
@@ -27,8 +26,14 @@ from torch.distributed.tensor._op_schema import (
 from torch.distributed.tensor._ops.single_dim_strategy import (
     _expand_single_dim_strategy_to_mesh,
 )
-from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.distributed.tensor.placement_types import (
+    _StridedShard,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+)
+from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
 
 
 Metas = TensorMeta | tuple[TensorMeta | None, ...] | None  # None: no tensor result
@@ -196,20 +201,26 @@ def registry(op: OpOverload) -> str | None:
     return "decomposition" if DecompShardingStrategy.has_decomp(op) else None
 
 
-def _options(t: torch.Tensor, mesh: DeviceMesh) -> list[Placement]:
-    dims = [d for d in range(t.dim()) if t.shape[d] and t.shape[d] % mesh.size() == 0]
-    return [Replicate(), *map(Shard, dims)]
-
-
 def runtime_candidate(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
     """One candidate, as dispatch sees: the first evenly shardable dim, say."""
-    return [(_options(t, mesh)[:2][-1],) * mesh.ndim]
+    dims = [d for d in range(t.dim()) if t.shape[d] and t.shape[d] % mesh.size() == 0]
+    return [(Shard(dims[0]) if dims else Replicate(),) * mesh.ndim]
 
 
 def planner_candidates(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
-    """``Replicate`` and each evenly shardable dim, per mesh dim (six at most)."""
-    options = itertools.product(_options(t, mesh), repeat=mesh.ndim)
-    return list(itertools.islice(options, 6))
+    """``Replicate``; ``Partial`` for a floating tensor; each dim's ``Shard``, even
+    or uneven, on every mesh dim; on two mesh dims or more, two dims' ``Shard``s
+    and the ``_StridedShard`` FSDP2 with TP gives."""
+    n, dims = mesh.ndim, [d for d in range(t.dim()) if t.shape[d]]
+    found: Candidates = [(Replicate(),) * n]
+    found += [(Partial(),) * n] if t.is_floating_point() else []
+    found += [(Shard(d),) * n for d in dims]
+    if n > 1 and len(dims) > 1:
+        found.append((Shard(dims[0]),) + (Shard(dims[1]),) * (n - 1))
+    if n > 1 and dims:
+        strided = _StridedShard(dims[0], split_factor=mesh.size(n - 1))
+        found.append((strided,) + (Replicate(),) * (n - 2) + (Shard(dims[0]),))
+    return found
 
 
 def strategy_schema(
@@ -293,3 +304,38 @@ def check_call(
     if strategy is None:  # a finding where the op returns a tensor
         return [] if expected is None else [f"{op}: no strategy to judge"]
     return contract_violations(schema, strategy, expected)
+
+
+def eager_error(
+    op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh
+) -> Exception | None:
+    """What eager DTensor raises for ``op`` on DTensors placed as
+    ``runtime_candidate`` places them (in ``LocalTensorMode`` and inference mode,
+    where composite ops reach dispatch as called), or None where it runs."""
+    from torch.distributed._local_tensor import LocalTensorMode
+
+    def dtensor(x: torch.Tensor) -> DTensor:
+        data = torch.randn(x.shape).to(x.dtype)
+        return distribute_tensor(data, mesh, runtime_candidate(x, mesh)[0])
+
+    with LocalTensorMode(frozenset(range(mesh.size()))), torch.inference_mode():
+        try:
+            args, kwargs = tree_map_only(torch.Tensor, dtensor, (args, kwargs))
+            op(*args, **kwargs)
+        except Exception as e:
+            return e
+    return None
+
+
+def refused_alike(error: Exception, eager: Exception | None, planner: bool) -> bool:
+    """Whether a query's ``error`` is a refusal eager DTensor makes too: no
+    strategy for the op (``NotImplementedError``), or as dispatch asks, a rule
+    refusing the placement (``RuntimeError``), raised by eager DTensor with the
+    same message. An internal error (``KeyError``, ``AssertionError``, ...)
+    never is."""
+    kinds = (NotImplementedError,) if planner else (NotImplementedError, RuntimeError)
+    return (
+        type(error) in kinds
+        and isinstance(eager, type(error))
+        and str(error).split("\n")[0] in str(eager)
+    )

@@ -1,7 +1,8 @@
 """
-The aten calls DTensor's registries answer, to check their strategies with
-``strategy_contract``: OpInfo samples run in every variant of ``VARIANTS``, and
-ops no sample calls run by hand, the CUDA-only ones on meta tensors.
+The audit's capture: the aten calls DTensor's registries answer, to check their
+strategies with ``strategy_contract``: OpInfo samples run in every variant of
+``VARIANTS``, and ops no sample calls run by hand, the CUDA-only ones on meta
+tensors.
 """
 
 import collections

@@ -1,0 +1,61 @@
+# Owner(s): ["oncall: distributed"]
+"""``strategy_validation --contract``: the aten calls of OpInfo samples, asked as
+dispatch and as a planner asks with candidates real programs hold, checked against
+the contract, with refusals counted only where eager DTensor refuses alike."""
+
+import contextlib
+import io
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor._ops.strategy_validation import check_contract
+from torch.distributed.tensor.placement_types import _StridedShard, Partial, Shard
+from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor import strategy_contract as sc
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    LocalDTensorTestBase,
+    with_comms,
+)
+
+
+aten = torch.ops.aten
+
+
+class TestStrategyValidationContract(LocalDTensorTestBase):
+    @with_comms
+    def test_contract_report(self) -> None:
+        """It counts what it asked and names ops without a strategy: ``nonzero``
+        read as a pass before."""
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            found = check_contract(["mm", "unbind", "nonzero"], self.world_size)
+        report = printed.getvalue()
+        self.assertEqual(found, 0, report)
+        self.assertRegex(report, r"(\d+) queries of \d+ aten calls .*: \1 answered")
+        self.assertIn("no strategy at all: aten.nonzero.default", report)
+
+    @with_comms
+    def test_planner_candidates_hold_what_programs_hold(self) -> None:
+        """``Partial``, uneven shards and FSDP2 with TP's ``_StridedShard``."""
+        mesh = init_device_mesh("cpu", (2, 2))
+        found = sc.planner_candidates(torch.randn(5, 4), mesh)
+        self.assertIn((Partial(), Partial()), found)
+        self.assertIn((Shard(0), Shard(0)), found)  # 5 rows on 4 ranks
+        self.assertIn((_StridedShard(0, split_factor=2), Shard(0)), found)
+
+    @with_comms
+    def test_refusals_agree_only_with_their_reason(self) -> None:
+        """Any two errors of one type agreed before, so a ``KeyError`` in the query
+        and in eager DTensor passed."""
+        missing = NotImplementedError("Operator aten.x does not have a strategy.")
+        self.assertTrue(sc.refused_alike(missing, NotImplementedError(missing), True))
+        other = NotImplementedError("Operator aten.y does not have a strategy.")
+        self.assertFalse(sc.refused_alike(missing, other, True))
+        self.assertFalse(sc.refused_alike(KeyError(1), KeyError(1), False))
+        refused = RuntimeError("Attempted to unbind along the sharded dimension 0.")
+        self.assertTrue(sc.refused_alike(refused, RuntimeError(refused), False))
+        self.assertFalse(sc.refused_alike(refused, RuntimeError(refused), True))
+
+
+if __name__ == "__main__":
+    run_tests()
