@@ -413,13 +413,29 @@ def format_states(root: Path, stock_site: Path, fmt: Formatter) -> list[FormatSt
     return states
 
 
-def _unified_diff(rel: str, pristine: Path, text: str) -> str:
-    """``diff -u`` from the pristine file to ``text``, labelled as README's loop does."""
+def _context_lines(patch: str) -> int:
+    """The context a patch was made with (``diff -U``, 3 at most): the most
+    unchanged lines any of its hunks starts with."""
+    most, lead = 0, None
+    for line in patch.splitlines():
+        if line.startswith("@@"):
+            lead = 0
+        elif lead is not None and line.startswith(" "):
+            lead += 1
+            most = max(most, lead)
+        else:
+            lead = None
+    return min(most, 3)
+
+
+def _unified_diff(rel: str, pristine: Path, text: str, context: int = 3) -> str:
+    """``diff -U<context>`` from the pristine file to ``text``, labelled as README's
+    loop does."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
         handle.write(text)
     try:
         proc = subprocess.run(
-            ["diff", "-u", "--label", f"a/{rel}", "--label", f"b/{rel}"]
+            ["diff", f"-U{context}", "--label", f"a/{rel}", "--label", f"b/{rel}"]
             + [str(pristine), handle.name],
             capture_output=True,
             text=True,
@@ -474,8 +490,10 @@ def fix(
             done.append(f"{state.rel}: {len(state.rewrites)} rewrite(s)")
             continue
         patch_path = root / "patches" / f"{state.rel}.patch"
-        before = build.parse_patch(patch_path.read_text(), str(patch_path))
-        text = _unified_diff(state.rel, stock_site / state.rel, fixed)
+        old_text = patch_path.read_text()
+        before = build.parse_patch(old_text, str(patch_path))
+        context = _context_lines(old_text)
+        text = _unified_diff(state.rel, stock_site / state.rel, fixed, context)
         after = build.parse_patch(text, str(patch_path))
         if build.apply_hunks(after, state.pristine) != fixed:
             raise SystemExit(

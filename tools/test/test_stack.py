@@ -193,21 +193,22 @@ class ExportTest(fakes.FakeStockTest):
 
     def test_fails_on_size_rules(self) -> None:
         cases = [
-            ([(1, 1)] * 11, "the stack has 11 steps (at most 10)"),
+            ([(1, 1)] * 15, "the stack has 15 steps (at most 14)"),
             ([(1, 1), (100, 301)], "step 2 (s1) changes 401 lines (at most 400 per step)"),
             ([(151, 1)], "step 1 (s0) has 151 product lines (at most 150 in the first step)"),
-            ([(100, 1), (300, 1), (201, 1)], "the stack has 601 product lines (at most 600)"),
-            ([(0, 400), (0, 400), (0, 400), (0, 301)], "the stack has 1501 test lines (at most 1500)"),
+            ([(100, 1), (300, 1), (300, 1), (101, 1)], "the stack has 801 product lines (at most 800)"),
+            ([(0, 400)] * 5 + [(0, 1)], "the stack has 2001 test lines (at most 2000)"),
         ]
         for i, (sizes, message) in enumerate(cases):
             with self.subTest(message):
                 self.assertIn(f"export: FAIL: {message}", self.export_fails(sized_repo(self.tmp / str(i), sizes)))
 
     def test_passes_at_the_limits(self) -> None:
-        sizes = [(150, 100), (200, 200), (150, 250), (100, 300), (0, 400), (0, 250), (0, 0)]
+        sizes = [(150, 100), (200, 200), (150, 250), (100, 300), (200, 200), (0, 400), (0, 400)]
+        sizes += [(0, 150)] + [(0, 0)] * 6
         log = fakes.Log()
         self.assertEqual(bt.export(sized_repo(self.tmp / "repo", sizes), self.stock, self.tmp / "out", log), 0, log.text)
-        self.assertEqual(log[-2].split(), ["total", "2100", "600", "1500"])
+        self.assertEqual(log[-2].split(), ["total", "2800", "800", "2000"])
 
     def test_fails_on_banned_pr_text(self) -> None:
         texts = ["After the ReBase.", "As on 2.13.0.", "See /work/main.", "Ran in /tmp/x.", "In /home/me.",

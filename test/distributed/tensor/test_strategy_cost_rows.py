@@ -1,18 +1,22 @@
 # Owner(s): ["oncall: distributed"]
-"""Cost rows are kept across planner queries (a model's layers repeat them) until
-the sharding caches are cleared."""
+"""Redistribution costs: rows kept across planner queries (a model's layers repeat
+them) until the sharding caches are cleared, never read under another plan
+setting, and nothing for a ``_StridedShard`` against its own placements."""
 
 from unittest import mock
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor._collective_utils import redistribute_cost
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._ops import utils
 from torch.distributed.tensor._redistribute import (
     _gen_transform_infos,
     use_min_cost_redistribution_plan,
 )
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor import strategy_contract as sc
 from torch.testing._internal.distributed._tensor.common_dtensor import (
@@ -74,6 +78,20 @@ class TestStrategyCostRows(LocalDTensorTestBase):
             clear()
             with use_min_cost_redistribution_plan(second):
                 self.assertEqual(warm, rows())
+
+    @with_comms
+    def test_strided_shard_costs_nothing_to_itself(self) -> None:
+        """Read as a shard order (FSDP2 with TP's) and as a strided layout (a
+        view's), one ``_StridedShard`` placement was priced at ``inf``."""
+        mesh, x = init_device_mesh("cpu", (2, 2)), torch.randn(8, 4)
+        meta = TensorMeta(x.shape, x.stride(), x.dtype)
+        placements = (_StridedShard(0, split_factor=2), Shard(0))
+        order = DTensorSpec(mesh, placements, tensor_meta=meta)
+        layout = DTensorSpec(
+            mesh, placements, tensor_meta=meta, use_strided_shard_as_shard_order=False
+        )
+        self.assertEqual(redistribute_cost(order, layout), 0.0)
+        self.assertEqual(redistribute_cost(layout, order), 0.0)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,10 @@ from torch.distributed.tensor._op_schema import (
     TupleStrategy,
 )
 from torch.distributed.tensor._ops.strategy_validation import _create_partial_input
-from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable
+from torch.distributed.tensor._ops.utils import (
+    _strided_reading,
+    is_tensor_evenly_shardable,
+)
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.placement_types import _StridedShard, Placement
 from torch.testing._internal.common_utils import run_tests
@@ -38,7 +41,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
     with_comms,
 )
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 
 aten = torch.ops.aten
@@ -289,19 +292,24 @@ def local_shards(t: torch.Tensor, mesh: DeviceMesh, spec: DTensorSpec) -> LocalT
     return LocalTensor(pieces)
 
 
+def placements_of(spec: OpSpec) -> object:
+    return tree_map_only(
+        DTensorSpec, lambda s: s.placements, (spec.input_specs, spec.output_specs)
+    )
+
+
 @contextlib.contextmanager
 def choosing(op: torch._ops.OpOverload, spec: OpSpec) -> Iterator[None]:
     """Dispatch picks ``spec`` for ``op``, as a planner that chose it would."""
-    select = sharding_prop._select_min_cost_strategy
-    wanted = str(spec)
+    select, wanted = sharding_prop._select_min_cost_strategy, placements_of(spec)
 
     def pick(strategy: OpStrategy, op_schema: OpSchema | None = None) -> OpSpec:
         if op_schema is None or op_schema.op != op:
             return select(strategy, op_schema)
         for candidate in strategy.strategies:
-            if str(candidate) == wanted:
+            if placements_of(candidate) == wanted:
                 return candidate
-        raise AssertionError(f"eager DTensor does not offer {wanted}: {strategy}")
+        raise AssertionError(f"eager DTensor does not offer {spec}: {strategy}")
 
     _clear_sharding_prop_cache()
     try:
@@ -342,7 +350,15 @@ class TestPlannerPlacements(LocalDTensorTestBase):
         """``call`` on DTensors placed as ``spec`` asks, with ``spec`` chosen."""
         flat, tree = tree_flatten((call.args, call.kwargs))
         tensors = [x for x in flat if torch.is_tensor(x)]
-        targets = list(spec.input_specs or ())
+        targets = [  # held as DTensor can hold those placements
+            DTensorSpec(
+                mesh,
+                s.placements,
+                meta(t),
+                use_strided_shard_as_shard_order=_strided_reading(s.placements, mesh, None),
+            )
+            for t, s in zip(tensors, spec.input_specs or ())
+        ]
         pieces = [local_shards(t, mesh, s) for t, s in zip(tensors, targets)]
         expected = tree_flatten(call.op(*call.args, **call.kwargs))[0]
         # Composite ops reach DTensor's dispatch as called in inference mode

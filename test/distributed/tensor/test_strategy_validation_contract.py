@@ -8,10 +8,13 @@ import io
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor._ops.strategy_validation import check_contract
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import _StridedShard, Partial, Shard
 from torch.testing._internal.common_utils import run_tests
-from torch.testing._internal.distributed._tensor import strategy_contract as sc
+from torch.testing._internal.distributed._tensor import (
+    strategy_contract as sc,
+    strategy_contract_opinfo as checks,
+)
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
     with_comms,
@@ -19,6 +22,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 
 
 aten = torch.ops.aten
+PLANNER = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
 
 
 class TestStrategyValidationContract(LocalDTensorTestBase):
@@ -28,9 +32,9 @@ class TestStrategyValidationContract(LocalDTensorTestBase):
         read as a pass before."""
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
-            found = check_contract(["mm", "unbind", "nonzero"], self.world_size)
+            found = checks.check_opinfo_calls(["mm", "unbind", "nonzero"], 4, PLANNER)
         report = printed.getvalue()
-        self.assertEqual(found, 0, report)
+        self.assertEqual(found, 1, report)  # nonzero's
         self.assertRegex(report, r"(\d+) queries of \d+ aten calls .*: \1 answered")
         self.assertIn("no strategy at all: aten.nonzero.default", report)
 
@@ -48,13 +52,13 @@ class TestStrategyValidationContract(LocalDTensorTestBase):
         """Any two errors of one type agreed before, so a ``KeyError`` in the query
         and in eager DTensor passed."""
         missing = NotImplementedError("Operator aten.x does not have a strategy.")
-        self.assertTrue(sc.refused_alike(missing, NotImplementedError(missing), True))
+        self.assertTrue(checks.refused_alike(missing, NotImplementedError(missing), True))
         other = NotImplementedError("Operator aten.y does not have a strategy.")
-        self.assertFalse(sc.refused_alike(missing, other, True))
-        self.assertFalse(sc.refused_alike(KeyError(1), KeyError(1), False))
+        self.assertFalse(checks.refused_alike(missing, other, True))
+        self.assertFalse(checks.refused_alike(KeyError(1), KeyError(1), False))
         refused = RuntimeError("Attempted to unbind along the sharded dimension 0.")
-        self.assertTrue(sc.refused_alike(refused, RuntimeError(refused), False))
-        self.assertFalse(sc.refused_alike(refused, RuntimeError(refused), True))
+        self.assertTrue(checks.refused_alike(refused, RuntimeError(refused), False))
+        self.assertFalse(checks.refused_alike(refused, RuntimeError(refused), True))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import distribute_tensor, DTensor
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._decompositions import DecompShardingStrategy
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
@@ -33,7 +33,7 @@ from torch.distributed.tensor.placement_types import (
     Replicate,
     Shard,
 )
-from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map
 
 
 Metas = TensorMeta | tuple[TensorMeta | None, ...] | None  # None: no tensor result
@@ -304,38 +304,3 @@ def check_call(
     if strategy is None:  # a finding where the op returns a tensor
         return [] if expected is None else [f"{op}: no strategy to judge"]
     return contract_violations(schema, strategy, expected)
-
-
-def eager_error(
-    op: OpOverload, args: tuple, kwargs: dict, mesh: DeviceMesh
-) -> Exception | None:
-    """What eager DTensor raises for ``op`` on DTensors placed as
-    ``runtime_candidate`` places them (in ``LocalTensorMode`` and inference mode,
-    where composite ops reach dispatch as called), or None where it runs."""
-    from torch.distributed._local_tensor import LocalTensorMode
-
-    def dtensor(x: torch.Tensor) -> DTensor:
-        data = torch.randn(x.shape).to(x.dtype)
-        return distribute_tensor(data, mesh, runtime_candidate(x, mesh)[0])
-
-    with LocalTensorMode(frozenset(range(mesh.size()))), torch.inference_mode():
-        try:
-            args, kwargs = tree_map_only(torch.Tensor, dtensor, (args, kwargs))
-            op(*args, **kwargs)
-        except Exception as e:
-            return e
-    return None
-
-
-def refused_alike(error: Exception, eager: Exception | None, planner: bool) -> bool:
-    """Whether a query's ``error`` is a refusal eager DTensor makes too: no
-    strategy for the op (``NotImplementedError``), or as dispatch asks, a rule
-    refusing the placement (``RuntimeError``), raised by eager DTensor with the
-    same message. An internal error (``KeyError``, ``AssertionError``, ...)
-    never is."""
-    kinds = (NotImplementedError,) if planner else (NotImplementedError, RuntimeError)
-    return (
-        type(error) in kinds
-        and isinstance(eager, type(error))
-        and str(error).split("\n")[0] in str(eager)
-    )

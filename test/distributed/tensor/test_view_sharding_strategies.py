@@ -1,0 +1,57 @@
+# Owner(s): ["oncall: distributed"]
+"""View shardings that the local view cannot keep: a ``_StridedShard`` on a
+flattened dim, and a dim several mesh dims shard split into fewer pieces."""
+
+import torch
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Replicate, Shard
+from torch.distributed.tensor._ops._view_ops import (
+    propagate_shape_and_sharding,
+    view_groups,
+)
+from torch.distributed.tensor.placement_types import _StridedShard
+from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    LocalDTensorTestBase,
+    with_comms,
+)
+
+
+class TestViewShardingStrategies(LocalDTensorTestBase):
+    def test_strided_shard_of_a_flattened_dim(self) -> None:
+        """It stayed sharded on a flattened dim no output dim keeps, and the rule
+        raised ``KeyError``: ``view`` asks to redistribute it, ``reshape``
+        replicates it."""
+        rule, r, strided = view_groups([8, 4, 6], [8, 24]), Replicate(), _StridedShard
+        for placements, kept in [
+            ((Shard(2), strided(1, split_factor=2)), [r, strided(1, split_factor=2)]),
+            ((r, strided(2, split_factor=2)), [r, r]),
+        ]:
+            args = (placements, (8, 4, 6), rule, (2, 2))
+            with self.assertRaisesRegex(RuntimeError, "redistribut"):
+                propagate_shape_and_sharding(*args, strict_view=True)
+            got, _ = propagate_shape_and_sharding(*args, strict_view=False)
+            self.assertEqual(list(got), kept)
+
+    @with_comms
+    def test_dim_sharded_by_several_mesh_dims(self) -> None:
+        """Each mesh dim divided the leading size alone: 8 rows on 2x2 ranks
+        viewed as 2 rows stayed sharded on both, and the local view raised."""
+        mesh = init_device_mesh("cpu", (2, 2))
+        x = torch.randn(8, 4)
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            dt = distribute_tensor(x, mesh, [Shard(0), Shard(0)])
+            with self.assertRaisesRegex(RuntimeError, "redistribut"):
+                dt.view(2, 16)
+            with torch.inference_mode():
+                got = torch.ops.aten.reshape.default(dt, [2, 16])
+            self.assertEqual(got.full_tensor(), x.reshape(2, 16))
+            # one mesh dim of four: analyzing the split's second dim reset the first's
+            dt = distribute_tensor(x, self.build_device_mesh(), [Shard(0)])
+            got = torch.ops.aten.view_copy.default(dt, [2, 16])
+            self.assertEqual(got.full_tensor(), x.reshape(2, 16))
+
+
+if __name__ == "__main__":
+    run_tests()
