@@ -8,6 +8,8 @@
 #   make format       ruff format's rewrites of what the change adds, into the new files and patches/
 #   make audit        tools.audit, stock vs built, into reports/ (STRICT=1; OPS=... audits those
 #                     OpInfos only, into .build/audit; PER_OP=N calls per op, SAMPLES=N per OpInfo)
+#   make fuzz         the planner property test with 1,000 examples per op family (CI runs 50),
+#                     its log in .build/fuzz.log
 #   make bench        tools.bench, stock vs built, into .build/bench (RECORD=1: reports/bench.json;
 #                     STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
 #   make results      the README's Results section from reports/*.json (tools/results.py)
@@ -22,7 +24,7 @@ PIP_ARGS ?=
 BUILD_TOOL = $(PYTHON) tools/build.py
 VENV_ARGS = --venv $(VENV) --stock-venv $(STOCK_VENV)
 
-.PHONY: build export check-stack test lint format audit bench results clean
+.PHONY: build export check-stack test lint format fuzz audit bench results clean
 
 build:
 	$(BUILD_TOOL) build $(VENV_ARGS) $(if $(PIP_ARGS),--pip-args "$(PIP_ARGS)") $(if $(FORCE),--force)
@@ -36,6 +38,14 @@ check-stack: build
 test: build
 	$(BUILD_TOOL) check-stack $(VENV_ARGS)
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tools/test
+
+PROPERTY_TEST = test/distributed/tensor/test_strategy_planner_placements.py
+
+fuzz: build
+	@mkdir -p .build
+	PYTORCH_HYPOTHESIS_PROFILE=debug $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		--hypothesis-show-statistics $(PROPERTY_TEST) > .build/fuzz.log 2>&1; status=$$?; \
+		grep -E "^(PASSED|FAILED|ERROR) | passed| failed|refused" .build/fuzz.log; exit $$status
 
 audit: build
 	$(VENV)/bin/python -m tools.audit --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python \

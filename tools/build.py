@@ -742,7 +742,9 @@ def run_tests(python: Path, cwd: Path, tests: Sequence[str], timeout: float) -> 
     cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env={**env, "PYTHONNOUSERSITE": "1"}, capture_output=True,
+        # upstream CI's hypothesis profile (50 examples a test) unless the caller picks one
+        env = {"PYTORCH_HYPOTHESIS_PROFILE": "pytorch_ci", **env, "PYTHONNOUSERSITE": "1"}
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout)
         return proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:

@@ -28,12 +28,14 @@ class TestAttentionCpuStrategies(LocalDTensorTestBase):
             for placement in (Shard(0), Shard(1), Replicate()):
                 with LocalTensorMode(frozenset(range(self.world_size))):
                     dq, dk, dv = (
-                        distribute_tensor(t.detach(), mesh, [placement]).requires_grad_()
+                        distribute_tensor(t.detach(), mesh, [placement])
                         for t in (q, k, v)
                     )
-                    dmask = None if attn_mask is None else distribute_tensor(
-                        attn_mask, mesh, [Replicate()]
-                    )
+                    for t in (dq, dk, dv):
+                        t.requires_grad_()
+                    dmask = attn_mask
+                    if attn_mask is not None:
+                        dmask = distribute_tensor(attn_mask, mesh, [Replicate()])
                     out = F.scaled_dot_product_attention(
                         dq, dk, dv, attn_mask=dmask, is_causal=causal
                     )

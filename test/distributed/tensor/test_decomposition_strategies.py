@@ -12,6 +12,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
     with_comms,
 )
+from torch.utils._pytree import tree_map_only
 
 
 aten = torch.ops.aten
@@ -30,13 +31,12 @@ class TestDecompositionStrategies(LocalDTensorTestBase):
             (aten.unflatten.int, (rows, 0, [2, -1]), [Shard(0)], mesh),
             (aten.flatten.using_ints, (block, 0, 1), [Shard(0), Shard(1)], plane),
         ]
-        for op, args, placements, on in cases:
+        for op, args, ps, on in cases:
             with self.subTest(op), LocalTensorMode(frozenset(range(self.world_size))):
                 with torch.inference_mode():
-                    dargs = [
-                        distribute_tensor(a, on, placements) if torch.is_tensor(a) else a
-                        for a in args
-                    ]
+                    dargs = tree_map_only(
+                        torch.Tensor, lambda t: distribute_tensor(t, on, ps), args
+                    )
                     got = op(*dargs)
                 self.assertEqual(got.full_tensor(), op(*args))
 

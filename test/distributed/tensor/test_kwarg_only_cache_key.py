@@ -43,6 +43,7 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
             + ({}, {"memory_format": torch.channels_last}),
         ]
         propagator = DTensor._op_dispatcher.sharding_propagator
+        unwrap = DTensor._op_dispatcher.unwrap_to_op_info
         for op, args, dargs, *calls in cases:
             for ordered in (calls, calls[::-1]):
                 _clear_sharding_prop_cache()  # the first call warms it
@@ -51,9 +52,7 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
                     with local_mode:
                         out = op(*dargs, **kwargs)  # eager: the C++ fast path's cache
                     # Python's cache, on the schema eager dispatch builds
-                    schema = DTensor._op_dispatcher.unwrap_to_op_info(
-                        op, dargs, kwargs
-                    ).schema
+                    schema = unwrap(op, dargs, kwargs).schema
                     output_spec = propagator.propagate_op_sharding(schema).output_spec
                     specs = zip(*map(tree_leaves, (out, output_spec, want)))
                     for dtensor, spec, plain in specs:
@@ -87,37 +86,32 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
         ``out=`` too, one after another: every result's spec has its local
         tensor's shape and stride (replicated)."""
         mesh, checked = self.build_device_mesh(), 0
+
+        def dtensor(t: torch.Tensor) -> DTensor:
+            return distribute_tensor(t.clone(), mesh, [Replicate()])
+
         _clear_sharding_prop_cache()
         for opinfo in (o for o in op_db if o.name in KWARG_ONLY_OPINFOS):
             for sample in opinfo.sample_inputs("cpu", torch.float32):
-                variants = [(opinfo.op, {})]
-                variants += [(opinfo.inplace_variant, {})] * bool(opinfo.inplace_variant)
+                variants = [(opinfo.op, {}), (opinfo.inplace_variant, {})]
                 if opinfo.supports_out:
                     want = opinfo.op(sample.input, *sample.args, **sample.kwargs)
-                    variants.append((opinfo.op, {"out": tree_map_only(
-                        torch.Tensor, torch.empty_like, want
-                    )}))
-                for fn, out in variants:
+                    out = tree_map_only(torch.Tensor, torch.empty_like, want)
+                    variants.append((opinfo.op, {"out": out}))
+                for fn, out in (v for v in variants if v[0] is not None):
+                    call = ((sample.input, *sample.args), {**sample.kwargs, **out})
                     with LocalTensorMode(frozenset(range(self.world_size))):
-
-                        def dtensor(t: torch.Tensor) -> DTensor:
-                            return distribute_tensor(t.clone(), mesh, [Replicate()])
-
-                        args, kwargs = tree_map_only(
-                            torch.Tensor,
-                            dtensor,
-                            ((sample.input, *sample.args), {**sample.kwargs, **out}),
-                        )
+                        args, kwargs = tree_map_only(torch.Tensor, dtensor, call)
                         try:
                             results = fn(*args, **kwargs)
                         except RuntimeError:
                             continue  # the op rejects the in-place or out= call
-                        for r in tree_leaves(results):
-                            if isinstance(r, DTensor):
-                                local = r._local_tensor
-                                got = (r.shape, r.stride())
-                                self.assertEqual(got, (local.shape, local.stride()))
-                                checked += 1
+                    for r in tree_leaves(results):
+                        if isinstance(r, DTensor):
+                            local = r._local_tensor
+                            got = (r.shape, r.stride())
+                            self.assertEqual(got, (local.shape, local.stride()))
+                            checked += 1
         self.assertGreater(checked, 100)
 
     @with_comms
@@ -146,17 +140,8 @@ add_all.register_fake(lambda xs: torch.empty_like(xs[0]))
 
 
 # OpInfos of ops with kwarg-only arguments that change a result's metadata.
-KWARG_ONLY_OPINFOS = {
-    "clone",
-    "contiguous",
-    "sum",
-    "cumsum",
-    "div",
-    "bucketize",
-    "ones_like",
-    "zeros_like",
-    "full_like",
-}
+KWARG_ONLY_OPINFOS = {"clone", "contiguous", "sum", "cumsum", "div", "bucketize"}
+KWARG_ONLY_OPINFOS |= {"ones_like", "zeros_like", "full_like"}
 
 
 if __name__ == "__main__":

@@ -4,13 +4,8 @@ placed as the result is, so the call runs and gives plain torch's values."""
 
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
-from torch.distributed.tensor import (
-    distribute_tensor,
-    DTensor,
-    Partial,
-    Replicate,
-    Shard,
-)
+from torch.distributed.tensor import distribute_tensor, DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import Partial
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
@@ -26,14 +21,9 @@ class TestReductionOutOverloads(LocalDTensorTestBase):
         mesh = self.build_device_mesh()
         x = torch.randn(8, 6)
         with LocalTensorMode(frozenset(range(self.world_size))):
-            for fn, inp in [
-                (torch.amax, x),
-                (torch.amin, x),
-                (torch.mean, x),
-                (torch.prod, x),
-                (torch.any, x > 0),
-                (torch.argmax, x),
-            ]:
+            fns = (torch.amax, torch.amin, torch.mean, torch.prod, torch.argmax)
+            for fn in (*fns, torch.any):
+                inp = x > 0 if fn is torch.any else x
                 expected = fn(inp, 1)
                 dt = distribute_tensor(inp, mesh, [Shard(1)])  # out's placement keyed
                 for placement in (Shard(0), Replicate()):

@@ -96,22 +96,17 @@ class TestReductionStrategies(LocalDTensorTestBase):
                 self.assertEqual(got, torch.histc(x, bins=4, min=lo, max=hi))
 
     @with_comms
-    def test_logsumexp_keepdim_by_position(self) -> None:
-        """``keepdim`` passed by position (as dispatch passes it) was read as False:
-        the result's placement named the wrong dim."""
+    def test_keepdim_by_position_and_empty_shards(self) -> None:
+        """logsumexp read ``keepdim`` passed by position (as dispatch passes it) as
+        False; amax and amin raised where a rank's shard of the reduced dim is
+        empty, which no rank can reduce."""
         x, mesh = torch.randn(4, 8, 6), self.build_device_mesh()
         with LocalTensorMode(frozenset(range(self.world_size))):
             dt = distribute_tensor(x, mesh, [Shard(1)])
             got = torch.logsumexp(dt, 0, keepdim=True)
             self.assertEqual(got.placements, (Shard(1),))
             self.assertEqual(got.full_tensor(), torch.logsumexp(x, 0, keepdim=True))
-
-    @with_comms
-    def test_max_min_over_empty_shards(self) -> None:
-        """A rank whose shard of the reduced dim is empty cannot reduce it: amax
-        and amin raised for a tensor already placed so."""
-        x, mesh = torch.randn(2, 3), self.build_device_mesh()  # 2 rows on 4 ranks
-        with LocalTensorMode(frozenset(range(self.world_size))):
+            x = torch.randn(2, 3)  # 2 rows on 4 ranks
             dt = distribute_tensor(x, mesh, [Shard(0)])
             for op in (torch.amax, torch.amin):
                 self.assertEqual(op(dt, 0).full_tensor(), op(x, 0))

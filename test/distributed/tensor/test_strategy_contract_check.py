@@ -41,9 +41,8 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
         return DTensorSpec(self.build_device_mesh(), (p,), tensor_meta=m)
 
     def inputs(self, *metas: TensorMeta, candidates=(R,)) -> list[OpStrategy]:
-        return [
-            OpStrategy([OpSpec(self.spec(p, m)) for p in candidates]) for m in metas
-        ]
+        specs = [[OpSpec(self.spec(p, m)) for p in candidates] for m in metas]
+        return list(map(OpStrategy, specs))
 
     @with_comms
     def test_each_clause(self) -> None:
@@ -84,11 +83,9 @@ class TestStrategyContractCheck(LocalDTensorTestBase):
         self.check(*grads, local)
         x, y = meta(8, 4), meta(4, 8)
         args = (TupleStrategy(self.inputs(x, y, candidates=(S,))),)
-        children = [
-            OpSpec(self.spec(S, out), [self.spec(S, m)], [[0.0]])
-            for m, out in ((x, x), (y, None))  # the second output has no meta
-        ]
-        self.check(aten._foreach_abs.default, args, *children, finding="^child 1: ")
+        ok = OpSpec(self.spec(S, x), [self.spec(S, x)], [[0.0]])
+        no_meta = OpSpec(self.spec(S, None), [self.spec(S, y)], [[0.0]])  # output's
+        self.check(aten._foreach_abs.default, args, ok, no_meta, finding="^child 1: ")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ class TestStrategyCostRows(LocalDTensorTestBase):
         schema = sc.strategy_schema(BMM, args, {}, mesh, sc.planner_candidates)
 
         def rows() -> list:
-            return [s.redistribute_cost for s in PROP.enumerate_strategies(schema).strategies]
+            answer = PROP.enumerate_strategies(schema)
+            return [s.redistribute_cost for s in answer.strategies]
 
         def clear() -> None:  # and the redistribution plans the costs come from
             _clear_sharding_prop_cache()
@@ -87,9 +88,7 @@ class TestStrategyCostRows(LocalDTensorTestBase):
         meta = TensorMeta(x.shape, x.stride(), x.dtype)
         placements = (_StridedShard(0, split_factor=2), Shard(0))
         order = DTensorSpec(mesh, placements, tensor_meta=meta)
-        layout = DTensorSpec(
-            mesh, placements, tensor_meta=meta, use_strided_shard_as_shard_order=False
-        )
+        layout = DTensorSpec(mesh, placements, meta, None, False)  # not an order
         self.assertEqual(redistribute_cost(order, layout), 0.0)
         self.assertEqual(redistribute_cost(layout, order), 0.0)
 

@@ -67,7 +67,7 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
             expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
         self.assertIn("aten.mm.default: shape inference", caught.exception.__notes__[0])
         e, i = torch.empty(0), torch.empty(0, dtype=torch.int32)  # outs to resize
-        out = {"result": e, "LU": e, "pivots": i, "info": i}
+        out = dict(result=e, LU=e, pivots=i, info=i)
         solve = (aten._linalg_solve_ex.result, (torch.eye(5), torch.ones(5)), out)
         self.assertEqual(sc.check_call(*solve, mesh), [])  # fills the fake cache
         schema, rules = sc.strategy_schema(*solve, mesh), [[Replicate()] * 10]

@@ -8,6 +8,7 @@ placements and gives plain torch's values. The Partial placements of one
 candidate share one reduce op."""
 
 import contextlib
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator
@@ -35,7 +36,11 @@ from torch.distributed.tensor._ops.utils import (
 )
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.placement_types import _StridedShard, Placement
-from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
 from torch.testing._internal.distributed._tensor import strategy_contract as sc
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
@@ -49,6 +54,10 @@ PLANNER = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
 MESH_SHAPES = ((8,), (2, 4), (2, 2, 2))
 # Sizes that shard evenly and unevenly (or leave ranks empty) on those meshes.
 SIZES = st.sampled_from((1, 2, 3, 4, 5, 6, 8))
+REDUCTIONS = [aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default]
+REDUCTIONS += [aten.logsumexp.default, aten.var.correction, aten.max.dim]
+REDUCTIONS += [aten.argmax.default, aten.prod.dim_int]
+POINTWISE = [aten.add.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.maximum.default]
 
 
 class Call(NamedTuple):
@@ -138,21 +147,7 @@ def reductions(draw: st.DrawFn) -> Call:
     x = randn(*draw(shape()))
     dims = draw(st.lists(st.integers(0, x.dim() - 1), min_size=1, unique=True))
     keepdim = draw(st.booleans())
-    op = draw(
-        st.sampled_from(
-            (
-                aten.sum.dim_IntList,
-                aten.mean.dim,
-                aten.amax.default,
-                aten.amin.default,
-                aten.logsumexp.default,
-                aten.var.correction,
-                aten.max.dim,
-                aten.argmax.default,
-                aten.prod.dim_int,
-            )
-        )
-    )
+    op = draw(st.sampled_from(REDUCTIONS))
     if op is aten.var.correction:
         return Call(op, (x, dims), {"correction": 0, "keepdim": keepdim})
     if op in (aten.max.dim, aten.argmax.default, aten.prod.dim_int):
@@ -171,7 +166,9 @@ def matmuls(draw: st.DrawFn) -> Call:
     if kind == "addmm":
         bias = randn(n) if draw(st.booleans()) else randn(m, n)
         return Call(aten.addmm.default, (bias, randn(m, k), randn(k, n)), {})
-    return Call(aten.einsum.default, ("bmk,bkn->bmn", [randn(b, m, k), randn(b, k, n)]), {})
+    return Call(
+        aten.einsum.default, ("bmk,bkn->bmn", [randn(b, m, k), randn(b, k, n)]), {}
+    )
 
 
 @st.composite
@@ -180,11 +177,7 @@ def pointwise(draw: st.DrawFn) -> Call:
     x = randn(*dims)
     tail = dims[draw(st.integers(0, len(dims) - 1)) :]  # broadcast from the right
     y = randn(*[1 if draw(st.booleans()) else s for s in tail])
-    op = draw(
-        st.sampled_from(
-            (aten.add.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.maximum.default)
-        )
-    )
+    op = draw(st.sampled_from(POINTWISE))
     if draw(st.booleans()):
         return Call(aten.where.self, (x > 0, x, y), {})
     return Call(op, (x, y) if draw(st.booleans()) else (y, x), {})
@@ -201,7 +194,9 @@ def decomposed(draw: st.DrawFn) -> Call:
     if kind == "glu":
         return Call(aten.glu.default, (randn(*dims[:-1], 2 * dims[-1]), -1), {})
     if kind == "mse_loss":
-        return Call(aten.mse_loss.default, (x, randn(*dims), draw(st.integers(0, 2))), {})
+        return Call(
+            aten.mse_loss.default, (x, randn(*dims), draw(st.integers(0, 2))), {}
+        )
     if kind == "trace":
         return Call(aten.trace.default, (randn(*dims[:1], draw(SIZES)),), {})
     return Call(aten.softmax.int, (x, draw(st.integers(0, x.dim() - 1))), {})
@@ -223,7 +218,9 @@ def placements(
         else:
             dim = draw(st.integers(0, t.dim() - 1))
             sf = draw(st.sampled_from((2, 4)))
-            out.append(Shard(dim) if kind == "S" else _StridedShard(dim, split_factor=sf))
+            out.append(
+                Shard(dim) if kind == "S" else _StridedShard(dim, split_factor=sf)
+            )
     return tuple(out)
 
 
@@ -234,11 +231,9 @@ def meta(t: torch.Tensor) -> TensorMeta:
 def held_spec(
     mesh: DeviceMesh, placements: tuple[Placement, ...], t: torch.Tensor
 ) -> DTensorSpec:
-    """A spec a DTensor can hold: an even ``_StridedShard`` as a shard order
-    (FSDP2 with TP) or as a strided layout (what views give; on a 3-D mesh
-    DTensor takes seconds to price its redistributions, so not there); otherwise
-    the ``_StridedShard``s become ``Shard``s. DTensor cannot gather the others,
-    and reads an uneven one differently as a shard order and as a layout."""
+    """A spec a DTensor can hold: an even ``_StridedShard`` as a shard order (FSDP2
+    with TP) or a strided layout (views'; not on a 3-D mesh, where DTensor takes
+    seconds to price it), else ``Shard``: DTensor cannot gather the others."""
     spec = DTensorSpec(mesh, placements, tensor_meta=meta(t))
     if not any(isinstance(p, _StridedShard) for p in placements):
         return spec
@@ -250,7 +245,9 @@ def held_spec(
             return spec
         if mesh.ndim < 3:
             return strided
-    plain = tuple(Shard(p.dim) if isinstance(p, _StridedShard) else p for p in placements)
+    plain = tuple(
+        Shard(p.dim) if isinstance(p, _StridedShard) else p for p in placements
+    )
     return DTensorSpec(mesh, plain, tensor_meta=meta(t))
 
 
@@ -273,9 +270,8 @@ def planner_schema(draw: st.DrawFn, call: Call, mesh: DeviceMesh) -> OpSchema:
 
 
 def local_shards(t: torch.Tensor, mesh: DeviceMesh, spec: DTensorSpec) -> LocalTensor:
-    """Each rank's piece of ``t`` placed by ``spec``: mesh dims split left to
-    right, a Partial dim into pieces that reduce to the value (as
-    ``strategy_validation`` makes them)."""
+    """Each rank's piece of ``t`` placed by ``spec``, mesh dims split left to right;
+    Partial pieces as ``strategy_validation`` makes them."""
     pieces = {}
     for coord in itertools.product(*map(range, mesh.shape)):
         local = t
@@ -319,6 +315,9 @@ def choosing(op: torch._ops.OpOverload, spec: OpSpec) -> Iterator[None]:
         _clear_sharding_prop_cache()
 
 
+FAMILIES = [views, unbinds, splits, cats, reductions, matmuls, pointwise, decomposed]
+
+
 class TestPlannerPlacements(LocalDTensorTestBase):
     @property
     def world_size(self) -> int:
@@ -349,14 +348,10 @@ class TestPlannerPlacements(LocalDTensorTestBase):
     def run_eagerly(self, call: Call, mesh: DeviceMesh, spec: OpSpec) -> None:
         """``call`` on DTensors placed as ``spec`` asks, with ``spec`` chosen."""
         flat, tree = tree_flatten((call.args, call.kwargs))
+        reading = functools.partial(_strided_reading, mesh=mesh, use_strided=None)
         tensors = [x for x in flat if torch.is_tensor(x)]
         targets = [  # held as DTensor can hold those placements
-            DTensorSpec(
-                mesh,
-                s.placements,
-                meta(t),
-                use_strided_shard_as_shard_order=_strided_reading(s.placements, mesh, None),
-            )
+            DTensorSpec(mesh, s.placements, meta(t), None, reading(s.placements))
             for t, s in zip(tensors, spec.input_specs or ())
         ]
         pieces = [local_shards(t, mesh, s) for t, s in zip(tensors, targets)]
@@ -376,37 +371,12 @@ class TestPlannerPlacements(LocalDTensorTestBase):
             torch.testing.assert_close(g, w, equal_nan=True, atol=1e-4, rtol=1e-4)
 
     @with_comms
-    def test_views(self) -> None:
-        self.explore(views())
+    @parametrize("family", FAMILIES, name_fn=lambda f: f.__name__)
+    def test_family(self, family: Callable[[], st.SearchStrategy[Call]]) -> None:
+        self.explore(family())
 
-    @with_comms
-    def test_unbind(self) -> None:
-        self.explore(unbinds())
 
-    @with_comms
-    def test_split_and_chunk(self) -> None:
-        self.explore(splits())
-
-    @with_comms
-    def test_cat_and_stack(self) -> None:
-        self.explore(cats())
-
-    @with_comms
-    def test_reductions(self) -> None:
-        self.explore(reductions())
-
-    @with_comms
-    def test_matmuls(self) -> None:
-        self.explore(matmuls())
-
-    @with_comms
-    def test_pointwise_with_broadcasting(self) -> None:
-        self.explore(pointwise())
-
-    @with_comms
-    def test_decomposed_ops(self) -> None:
-        self.explore(decomposed())
-
+instantiate_parametrized_tests(TestPlannerPlacements)
 
 if __name__ == "__main__":
     run_tests()

@@ -51,9 +51,12 @@ class TestStrategyValidationContract(LocalDTensorTestBase):
     def test_refusals_agree_only_with_their_reason(self) -> None:
         """Any two errors of one type agreed before, so a ``KeyError`` in the query
         and in eager DTensor passed."""
-        missing = NotImplementedError("Operator aten.x does not have a strategy.")
-        self.assertTrue(checks.refused_alike(missing, NotImplementedError(missing), True))
-        other = NotImplementedError("Operator aten.y does not have a strategy.")
+        missing, other = (
+            NotImplementedError(f"Operator aten.{x} has none") for x in "xy"
+        )
+        self.assertTrue(
+            checks.refused_alike(missing, NotImplementedError(missing), True)
+        )
         self.assertFalse(checks.refused_alike(missing, other, True))
         self.assertFalse(checks.refused_alike(KeyError(1), KeyError(1), False))
         refused = RuntimeError("Attempted to unbind along the sharded dimension 0.")

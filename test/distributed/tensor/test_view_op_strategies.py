@@ -14,7 +14,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 
 class TestViewOpStrategies(LocalDTensorTestBase):
     @with_comms
-    def test_zero_dim_inputs(self) -> None:
+    def test_shapes_the_dim_maps_missed(self) -> None:
         mesh = self.build_device_mesh()
         z, x = torch.tensor(1.5 - 2.0j), torch.tensor(3.0)
         with LocalTensorMode(frozenset(range(self.world_size))):
@@ -22,12 +22,7 @@ class TestViewOpStrategies(LocalDTensorTestBase):
             self.assertEqual(real.full_tensor(), torch.view_as_real(z))
             same = distribute_tensor(x, mesh, [Replicate()]).transpose(0, -1)
             self.assertEqual(same.full_tensor(), x)
-
-    @with_comms
-    def test_expand_sharded_size_one_dim(self) -> None:
-        mesh = self.build_device_mesh()
-        x = torch.randn(1, 3)
-        with LocalTensorMode(frozenset(range(self.world_size))):
+            x = torch.randn(1, 3)  # expand of a sharded size-1 dim
             expanded = distribute_tensor(x, mesh, [Shard(0)]).expand(4, 3)
             self.assertEqual(expanded.placements, (Replicate(),))
             self.assertEqual(expanded.full_tensor(), x.expand(4, 3))

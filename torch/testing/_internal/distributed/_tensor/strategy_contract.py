@@ -7,13 +7,9 @@ from typing import Any
 
 import torch
 from torch._ops import OpOverload
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-)
+from torch._subclasses import fake_tensor
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._decompositions import DecompShardingStrategy
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._op_schema import (
@@ -26,19 +22,13 @@ from torch.distributed.tensor._op_schema import (
 from torch.distributed.tensor._ops.single_dim_strategy import (
     _expand_single_dim_strategy_to_mesh,
 )
-from torch.distributed.tensor.placement_types import (
-    _StridedShard,
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-)
+from torch.distributed.tensor.placement_types import _StridedShard, Placement
 from torch.utils._pytree import tree_flatten, tree_map
 
 
 Metas = TensorMeta | tuple[TensorMeta | None, ...] | None  # None: no tensor result
 Candidates = list[tuple[Placement, ...]]  # an input's placements per candidate
-aten, _PROP = torch.ops.aten, DTensor._op_dispatcher.sharding_propagator
+_PROP = DTensor._op_dispatcher.sharding_propagator
 
 
 def _is_spec_or_strategy(x: object) -> bool:
@@ -56,7 +46,7 @@ def _args(op_schema: OpSchema) -> tuple[tuple[object, ...], dict[str, object]]:
 
 def expected_output_metas(op_schema: OpSchema) -> Metas:
     """What ``op_schema.op`` returns on its global inputs, as metas."""
-    mode = FakeTensorMode()
+    mode = fake_tensor.FakeTensorMode()
     mode.cache_enabled = False  # its cache returns an out= call's outs unresized
 
     def fake(x: object) -> object:
@@ -83,22 +73,16 @@ def expected_output_metas(op_schema: OpSchema) -> Metas:
 
 
 def _same_meta(a: TensorMeta | None, b: TensorMeta | None) -> bool:
-    # The stride of a size-1 dim carries no information; kernels differ there.
-    return (
-        a is not None
-        and b is not None
-        and (a.dtype, a.shape) == (b.dtype, b.shape)
-        and all(n == 1 or s == t for n, s, t in zip(b.shape, a.stride, b.stride))
-    )
+    if a is None or b is None or (a.dtype, a.shape) != (b.dtype, b.shape):
+        return False  # below: a size-1 dim's stride says nothing; kernels differ there
+    return all(n == 1 or s == t for n, s, t in zip(b.shape, a.stride, b.stride))
 
 
-def _output_violations(
-    outs: object, local: tuple[TensorMeta | None, ...] | None, expected: Metas, as_list: bool
-) -> list[str]:
-    if expected is None:
-        if outs is not None and not (isinstance(outs, tuple) and not any(outs)):
-            return [f"C2 output_specs {outs} where the op returns no tensor"]
-        return []
+def _output_violations(spec: OpSpec, expected: Metas, as_list: bool) -> list[str]:
+    outs, local = spec.output_specs, spec.local_output_metas
+    if expected is None:  # no tensor result: None, or a tuple of Nones
+        ok = outs is None or isinstance(outs, tuple) and not any(outs)
+        return [] if ok else [f"C2 output_specs {outs} where the op returns no tensor"]
     if isinstance(expected, TensorMeta) and not as_list:
         if not isinstance(outs, DTensorSpec):
             return [f"C2 output_specs {outs} where the op returns a tensor"]
@@ -113,7 +97,9 @@ def _output_violations(
         if out is None and meta is not None:  # a rank-local result, with its meta
             if not (local and i < len(local) and _same_meta(local[i], meta)):
                 found.append(f"output {i}: C2 None without local_output_metas {meta}")
-        elif meta is None and out is not None or not isinstance(out, DTensorSpec | None):
+        elif (
+            meta is None and out is not None or not isinstance(out, DTensorSpec | None)
+        ):
             found.append(f"output {i}: C2 {out} where the op returns {meta}")
         elif meta is not None and not _same_meta(out.tensor_meta, meta):
             found.append(f"output {i}: C1 tensor_meta {out.tensor_meta}, not {meta}")
@@ -123,24 +109,21 @@ def _output_violations(
 def _spec_violations(
     spec: OpSpec, inputs: list[OpStrategy], expected: Metas, as_list: bool
 ) -> list[str]:
-    found = _output_violations(
-        spec.output_specs, spec.local_output_metas, expected, as_list
-    )
-    if spec.input_specs is None or len(spec.input_specs) != len(inputs):
-        found.append(f"C3 input_specs {spec.input_specs} for {len(inputs)} inputs")
-    else:
-        for i, (s, inp) in enumerate(zip(spec.input_specs, inputs)):
-            if not _same_meta(s.tensor_meta, _leaf_meta(inp)):
-                found.append(f"input {i}: C3 tensor_meta {s.tensor_meta}")
-    costs = spec.redistribute_cost
+    found = _output_violations(spec, expected, as_list)
+    targets, costs = spec.input_specs, spec.redistribute_cost
+    if targets is None or len(targets) != len(inputs):
+        found.append(f"C3 input_specs {targets} for {len(inputs)} inputs")
+        targets = [None] * len(inputs)
+    for i, (s, inp) in enumerate(zip(targets, inputs)):
+        if s is not None and not _same_meta(s.tensor_meta, _leaf_meta(inp)):
+            found.append(f"input {i}: C3 tensor_meta {s.tensor_meta}")
     sizes = [len(i.strategies) for i in inputs]
     if costs is None or [len(row) for row in costs] != sizes:
         found.append(f"C4 redistribute_cost {costs} for inputs of {sizes} candidates")
         return found
-    for i, (row, inp) in enumerate(zip(costs, inputs)):
+    for i, (row, inp, s) in enumerate(zip(costs, inputs, targets)):
         for cost, candidate in zip(row, inp.strategies):
-            same = spec.input_specs and i < len(spec.input_specs)
-            same = same and candidate.output_spec.placements == spec.input_specs[i].placements
+            same = s is not None and candidate.output_spec.placements == s.placements
             if math.isnan(cost) or cost < 0 or (same and math.isinf(cost)):
                 found.append(f"input {i}: C4 cost {cost} from {candidate.output_spec}")
     return found
@@ -185,11 +168,12 @@ def _violations(
     op = op_schema.op
     if not isinstance(strategy, OpStrategy) or not strategy.strategies:
         return [f"{op}: C5 {type(strategy).__name__} with no OpSpec"]
-    inputs, found = _inputs(op_schema), []
-    for k, spec in enumerate(strategy.strategies):
-        spec_found = _spec_violations(spec, inputs, expected, as_list)
-        found += [f"{op} OpSpec {k} {v}" for v in spec_found]
-    return found
+    inputs = _inputs(op_schema)
+    return [
+        f"{op} OpSpec {k} {v}"
+        for k, spec in enumerate(strategy.strategies)
+        for v in _spec_violations(spec, inputs, expected, as_list)
+    ]
 
 
 def registry(op: OpOverload) -> str | None:
@@ -208,9 +192,8 @@ def runtime_candidate(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
 
 
 def planner_candidates(t: torch.Tensor, mesh: DeviceMesh) -> Candidates:
-    """``Replicate``; ``Partial`` for a floating tensor; each dim's ``Shard``, even
-    or uneven, on every mesh dim; on two mesh dims or more, two dims' ``Shard``s
-    and the ``_StridedShard`` FSDP2 with TP gives."""
+    """``Replicate``, ``Partial`` (floats), each dim's ``Shard`` (even or not); on a
+    2-D mesh or more, two dims' ``Shard``s and FSDP2 with TP's ``_StridedShard``."""
     n, dims = mesh.ndim, [d for d in range(t.dim()) if t.shape[d]]
     found: Candidates = [(Replicate(),) * n]
     found += [(Partial(),) * n] if t.is_floating_point() else []
@@ -240,8 +223,6 @@ def strategy_schema(
             m = TensorMeta(x.shape, x.stride(), x.dtype)
             specs = (DTensorSpec(mesh, c, tensor_meta=m) for c in candidates(x, mesh))
             return OpStrategy([OpSpec(s) for s in specs])
-        if isinstance(x, dict):
-            return {k: wrap(v) for k, v in x.items()}
         if not isinstance(x, (list, tuple)):
             return x
         if x and all(map(torch.is_tensor, x)):
@@ -250,15 +231,14 @@ def strategy_schema(
 
     info = _PROP.op_to_schema_info.get(op)
     info = info or _PROP.op_to_schema_info_for_single_dim_strategy.get(op)
-    return OpSchema(op, tuple(map(wrap, args)), wrap(kwargs), schema_info=info)
+    kwargs = {k: wrap(v) for k, v in kwargs.items()}
+    return OpSchema(op, tuple(map(wrap, args)), kwargs, schema_info=info)
 
 
-def query_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> StrategyType | None:
+def query_strategy(op_schema: OpSchema, mesh: DeviceMesh) -> StrategyType:
     """The registry's strategy for ``op_schema``, asked as dispatch asks it: on the
     inputs' first candidates, with the metas dispatch infers."""
     op, prop = op_schema.op, _PROP
-    if op == torch.ops.aten._local_scalar_dense.default:
-        return None  # dispatch asks no strategy for it
 
     def spec(x: object) -> object:
         if isinstance(x, OpStrategy):
@@ -291,16 +271,16 @@ def check_call(
     planner: Callable[[OpSchema], StrategyType] | None = None,
 ) -> list[str]:
     """How DTensor's answer for ``op(*args, **kwargs)``, asked as dispatch or by a
-    planner's query function (on ``planner_candidates``), breaks the contract: no
-    answer where the op returns a tensor is a finding, a data-dependent result is
-    not judged, a refusal raises."""
+    planner's query function (on ``planner_candidates``), breaks the contract: a
+    data-dependent result is not judged, a refusal raises."""
     candidates = planner_candidates if planner else runtime_candidate
     schema = strategy_schema(op, args, kwargs, mesh, candidates)
     strategy = planner(schema) if planner else query_strategy(schema, mesh)
     try:
         expected = expected_output_metas(schema)
-    except (DataDependentOutputException, DynamicOutputShapeException):
+    except (
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+    ):
         return []  # no meta to judge by: the result's shape or value is data
-    if strategy is None:  # a finding where the op returns a tensor
-        return [] if expected is None else [f"{op}: no strategy to judge"]
     return contract_violations(schema, strategy, expected)

@@ -63,12 +63,10 @@ def check_opinfo_calls(
     world_size: int,
     planner: Callable[[OpSchema], StrategyType] | None = None,
 ) -> int:
-    """Asks DTensor for the strategy of each aten call the first sample of each
-    op's OpInfos makes, as dispatch asks and through ``planner``, and checks each
-    answer against the contract on ``OpSpec``; prints the findings and what was
-    asked, answered and refused, and returns the number of findings: queries
-    that break the contract, and ops with no strategy at all. A refusal counts
-    as one only where eager DTensor refuses the call alike."""
+    """Checks DTensor's strategy for each aten call of the first sample of each
+    op's OpInfos, as dispatch asks and through ``planner``; prints the findings,
+    what was asked, answered and refused (alike by eager DTensor, else a finding)
+    and returns the number of findings, ops without any strategy included."""
     from torch.distributed.tensor._ops import strategy_validation as sv
 
     shape = (2, world_size // 2) if world_size % 2 == 0 else (world_size,)
