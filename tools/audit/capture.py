@@ -48,10 +48,12 @@ class _Recorder(TorchDispatchMode):
         self.calls: list[tuple[OpOverload, tuple, dict]] = []
         self.seen = seen
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self, func: OpOverload, types: object, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         return self.call(func, *args, **(kwargs or {}))
 
-    def call(self, func: OpOverload, *args, **kwargs) -> Any:
+    def call(self, func: OpOverload, *args: Any, **kwargs: Any) -> Any:
         """Runs and records ``func``, also where no dispatch mode would see it."""
         tensors = [x for x in tree_flatten((args, kwargs))[0] if torch.is_tensor(x)]
         key = _key(func, args, kwargs)
@@ -129,7 +131,7 @@ def _backward(out: object, inputs: object) -> Callable[[Any], Any] | None:
 
 
 def capture_opinfo(
-    capture: Capture, opinfo: Any, samples: int | None, variants
+    capture: Capture, opinfo: Any, samples: int | None, variants: tuple[str, ...]
 ) -> None:
     """Runs the first ``samples`` samples of ``opinfo`` in each of ``variants``,
     in float32 (else an integer, complex or bool dtype) on CPU, or on meta
@@ -194,7 +196,7 @@ def _by_hand() -> dict[str, Callable[[_Recorder], Any]]:
     its op as called, and its backward."""
     aten = torch.ops.aten
 
-    def t(*shape: int, dtype=torch.float32) -> torch.Tensor:
+    def t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         x = torch.randn(shape, device="meta").to(dtype)
         return x.requires_grad_(dtype.is_floating_point)
 
@@ -222,14 +224,17 @@ def _by_hand() -> dict[str, Callable[[_Recorder], Any]]:
             (two(), torch.zeros(1), torch.ones(1)),
         ),
     ]
-    runs = {str(op): functools.partial(run, op, args, {}) for op, args in calls}
+    runs: dict[str, Callable[[_Recorder], Any]] = {
+        str(op): functools.partial(run, op, args, {}) for op, args in calls
+    }
     for name, overload in itertools.product(
         ("_fused_adam", "_fused_adam_", "_fused_adamw", "_fused_adamw_"),
         ("default", "tensor_lr"),
     ):
         op = getattr(getattr(aten, name), overload)
         lr = 0.1 if overload == "default" else torch.tensor(0.1)
-        args = (two(), two(), two(), two(), [], [steps.clone(), steps.clone()])
+        steps_ = [steps.clone(), steps.clone()]
+        args: tuple[Any, ...] = (two(), two(), two(), two(), [], steps_)
         kwargs = dict(lr=lr, beta1=0.9, beta2=0.99, weight_decay=0.01, eps=1e-8)
         kwargs |= dict(amsgrad=False, maximize=False)
         runs[str(op)] = functools.partial(run, op, args, kwargs)
@@ -281,7 +286,7 @@ def eager_error(
     args: tuple,
     kwargs: dict,
     mesh: DeviceMesh,
-    candidates=runtime_candidate,
+    candidates: Callable[..., Any] = runtime_candidate,
 ) -> str | None:
     """Why eager DTensor refuses ``op`` on DTensors placed as the first of
     ``candidates`` (in ``LocalTensorMode`` and inference mode, where composite
