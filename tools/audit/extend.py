@@ -1,4 +1,4 @@
-"""What the audit asks beyond the stack's capture (``strategy_capture``), to reach
+"""What the audit asks beyond its capture (``tools/audit/capture.py``), to reach
 every op DTensor registers: every overload that takes a captured call's arguments
 (in-place, ``out=``, Python-number and functional forms), run on the call's metas,
 and runs by hand of the ops no OpInfo sample or derived overload calls."""
@@ -183,7 +183,7 @@ def _extra_runs(cap: ModuleType) -> dict[str, Callable[[Any], Any]]:
 
 
 def extend(capture: Any, cap: ModuleType, names: set[str] | None = None) -> None:
-    """Adds to ``capture`` (a ``strategy_capture.Capture``) the extra runs by hand (those of
+    """Adds to ``capture`` (a ``capture.Capture``) the extra runs by hand (those of
     ``names`` only, if given), then the derived overloads of every call recorded, and of the
     calls those make."""
     for source, record in _extra_runs(cap).items():

@@ -27,9 +27,10 @@ LEGEND = {
     "error": "the query raised, and eager DTensor runs the same call with the same input placements "
     "(runtime: the one sharded candidate; planner: the first candidate, all-Replicate), or it timed out; "
     "a utility query that raises is always an error",
-    "refused": "a runtime or planner query raised and eager DTensor, asked the same call on the same "
-    "placements, raises too; or a NotImplementedError for a composite op, which dispatch decomposes "
-    "instead. A right answer, unless stock's runtime answers the same call (listed as a new refusal, fails "
+    "refused": "a query raised its mode's refusal type (NotImplementedError; as dispatch asks, also a "
+    "RuntimeError) and eager DTensor, asked the same call on the same placements, raises that type with "
+    "the same message; or the op itself rejects the call on plain tensors and eager DTensor raises too; "
+    "or a NotImplementedError for a composite op, which dispatch decomposes instead. A right answer, unless stock's runtime answers the same call (listed as a new refusal, fails "
     "--strict)",
     "no strategy": "nothing to judge: runtime: dispatch asks no strategy (`_local_scalar_dense`; a "
     "decomposition that raises or answers None is reported by dispatch as a NotImplementedError, judged "
@@ -43,12 +44,26 @@ LEGEND = {
 }
 
 
-def raised_category(mode: str, decomposes: bool, eager_refusal: str | None) -> str:
-    """The category of a query that raised, in any mode: refused when dispatch decomposes the op
-    instead (``decomposes``) or eager DTensor, asked the same call, raises too (``eager_refusal``:
-    a call the op itself rejects gets a clear error from a rule author's utility call too);
-    otherwise an error."""
-    return "refused" if decomposes or eager_refusal else "error"
+#: The errors a query may refuse with where eager DTensor refuses alike: no strategy for the op, and,
+#: asked as dispatch asks, a rule refusing the placement. An internal error never is one.
+REFUSAL_TYPES = {"planner": ("NotImplementedError",), "runtime": ("NotImplementedError", "RuntimeError"),
+                 "utility": ("NotImplementedError", "RuntimeError")}
+
+
+def raised_category(mode: str, decomposes: bool, eager_refusal: str | None, error: str = "",
+                    op_rejects: bool = False) -> str:
+    """The category of a query that raised ``error`` (``Type: message``), in any mode: refused when
+    dispatch decomposes the op instead (``decomposes``); when the op itself rejects the call on plain
+    tensors (``op_rejects``) and eager DTensor raises too; or when the query raised the mode's refusal
+    type and eager DTensor, asked the same call, raises that type with the same message
+    (``eager_refusal``); otherwise an error."""
+    if decomposes:
+        return "refused"
+    if eager_refusal is None:
+        return "error"
+    kind, _, text = error.partition(": ")
+    alike = kind in REFUSAL_TYPES[mode] and eager_refusal.startswith(f"{kind}: ") and text[:100] in eager_refusal
+    return "refused" if op_rejects or alike else "error"
 
 
 def clauses(violations: list[str]) -> set[str]:
@@ -218,7 +233,7 @@ def render(report: dict[str, Any]) -> str:
         "",
         *[f"- {role} (torch {report['torch'][role]}): {capture_line(cap[role])}" for role in ROLES],
         "",
-        "The capture (`capture_calls` in `strategy_capture.py`, the one the tests use) runs each sample "
+        "The capture (`capture_calls` in `tools/audit/capture.py`) runs each sample "
         "forward, its backward (gradients of the results that need them), the OpInfo's in-place and `out=` "
         "variants and the forward under `torch.inference_mode` (composite ops reach dispatch undecomposed); "
         "it also runs the foreach OpInfo databases, the Python references (which call the `prims` ops), the "
@@ -239,8 +254,11 @@ def render(report: dict[str, Any]) -> str:
         "",
         "A runtime or planner query that raises is judged against eager DTensor: the same call on DTensors "
         "placed as the query's first candidate, run in `LocalTensorMode` (`eager_error` in "
-        "`strategy_capture.py`). Where eager DTensor raises too, the query is refused (a right answer); "
-        "where it runs, the query's raise is an error.",
+        "`tools/audit/capture.py`). The query is refused (a right answer) where it raised its mode's refusal "
+        "type (`NotImplementedError`; as dispatch asks, also a rule's `RuntimeError`) and eager DTensor "
+        "raises that type with the same message, or where the op itself rejects the call on plain tensors "
+        "and eager DTensor raises too; otherwise its raise is an error, an internal error (`KeyError`, "
+        "`AssertionError`, ...) always.",
         "",
         "## Summary, stock vs built",
         "",

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._decompositions import DecompShardingStrategy
@@ -58,7 +59,7 @@ def load_checker() -> SimpleNamespace:
     """The contract check, the capture and the audit's extension of it, loaded by file path
     (the stock torch ships neither test module), as one namespace."""
     modules = {}
-    for name, path in (("strategy_contract", CHECKER), ("strategy_capture", CAPTURE)):
+    for name, path in (("strategy_contract", CHECKER), ("capture", CAPTURE)):
         full = f"torch.testing._internal.distributed._tensor.{name}"
         spec = importlib.util.spec_from_file_location(full, path)
         if spec is None or spec.loader is None:
@@ -67,7 +68,7 @@ def load_checker() -> SimpleNamespace:
         sys.modules[full] = modules[name]  # the capture imports the check by this name
         spec.loader.exec_module(modules[name])
     names = {k: v for m in modules.values() for k, v in vars(m).items() if not k.startswith("__")}
-    return SimpleNamespace(**names, extend=functools.partial(extend.extend, cap=modules["strategy_capture"]),
+    return SimpleNamespace(**names, extend=functools.partial(extend.extend, cap=modules["capture"]),
                            registered_ops=extend.registered_ops, unreached=extend.unreached)
 
 
@@ -241,12 +242,23 @@ def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
         try:
             answer = prop.decomp_strategy.propagate_strategy(runtime, metas)
         except Exception as e:  # dispatch reports this as the op having no sharding strategy
-            raise NotImplementedError(f"{op} has no sharding strategy: the decomposition raised {message(e)}") from e
+            raise NotImplementedError(f"Operator {op} does not have a sharding strategy registered.") from e
         if answer is None:  # so does dispatch here
-            raise NotImplementedError(f"{op} has no sharding strategy: the decomposition answered None")
+            raise NotImplementedError(f"Operator {op} does not have a sharding strategy registered.")
     if answer is None:
         raise NoStrategy("no_strategy", "the decomposition registry answered None")
     return answer
+
+
+def op_rejects(checker: SimpleNamespace, call: Call, mesh: DeviceMesh) -> bool:
+    """Whether the op itself rejects ``call`` on plain (fake) tensors, whatever DTensor would do."""
+    try:
+        checker.expected_output_metas(strategy_schema(call, mesh, "runtime"))
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        return False  # its result is data: it does not reject the call
+    except Exception:
+        return True
+    return False
 
 
 def _meta_tensors(x: Any) -> Any:
@@ -310,7 +322,9 @@ def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, exp
         refusal = eager[key]
         verdict = f"eager DTensor also raises {refusal}" if refusal else "eager DTensor runs the call"
         text = f"{message(e)} [{verdict}]"
-        return raised_category(mode, False, refusal), text[: 2 * MESSAGE_CHARS], set()
+        error = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        category = raised_category(mode, False, refusal, error, refusal is not None and op_rejects(checker, call, mesh))
+        return category, text[: 2 * MESSAGE_CHARS], set()
     finally:
         _alarm(0)
     if not expected:

@@ -76,16 +76,32 @@ CONFIG = {"ops": "mm", "modes": ["runtime", "planner"], "meshes": ["4"], "sample
 
 class TestRaisedQueries(unittest.TestCase):
     def test_a_raise_is_refused_only_where_eager_dtensor_refuses_too(self) -> None:
-        for mode in ("runtime", "planner"):
-            self.assertEqual(report.raised_category(mode, False, "RuntimeError: requires redistribution"), "refused")
-            self.assertEqual(report.raised_category(mode, False, None), "error")
+        eager = "RuntimeError: requires redistribution of Shard(0)"
+        self.assertEqual(report.raised_category("runtime", False, eager, "RuntimeError: requires redistribution"),
+                         "refused")
+        self.assertEqual(report.raised_category("runtime", False, None, "RuntimeError: requires redistribution"),
+                         "error")
+        # a planner relaxes a placement a rule refuses: only "no strategy" refuses alike
+        self.assertEqual(report.raised_category("planner", False, eager, "RuntimeError: requires redistribution"),
+                         "error")
+        missing = "NotImplementedError: Operator aten.x.default does not have a sharding strategy registered."
+        self.assertEqual(report.raised_category("planner", False, missing, missing), "refused")
+
+    def test_an_internal_error_or_another_reason_is_an_error(self) -> None:
+        for mode in ("runtime", "planner", "utility"):
+            self.assertEqual(report.raised_category(mode, False, "KeyError: 1", "KeyError: 1"), "error")
+            self.assertEqual(report.raised_category(mode, False, "NotImplementedError: y", "NotImplementedError: x"),
+                             "error")
+        # unless the op rejects the call on plain tensors, and eager DTensor raises too
+        self.assertEqual(report.raised_category("runtime", False, "IndexError: out of range", "IndexError: out",
+                                                op_rejects=True), "refused")
 
     def test_a_composite_op_dispatch_decomposes_is_refused(self) -> None:
         self.assertEqual(report.raised_category("runtime", True, None), "refused")
         self.assertEqual(report.raised_category("planner", True, None), "refused")
 
     def test_a_utility_raise_is_judged_like_the_others(self) -> None:
-        self.assertEqual(report.raised_category("utility", False, "RuntimeError: x"), "refused")
+        self.assertEqual(report.raised_category("utility", False, "RuntimeError: x", "RuntimeError: x"), "refused")
         self.assertEqual(report.raised_category("utility", False, None), "error")
 
 
@@ -292,7 +308,8 @@ class TestJudge(unittest.TestCase):
 
     def test_a_raise_is_judged_against_eager_dtensor_once_per_call(self) -> None:
         call = self.call("mm.default", [4, 8], [8, 4])
-        for eager_says, category in ((None, "error"), ("RuntimeError: cannot", "refused")):
+        for eager_says, category in ((None, "error"), ("RuntimeError: cannot", "error"),
+                                     ("RuntimeError: strategy broke", "refused")):
             checker = mock.Mock()
             checker.eager_error.return_value = eager_says
             cache: dict = {}
