@@ -186,6 +186,7 @@ def summarize(
         for r in ROLES:
             entry[f"{r}_peak_mib"] = sides[r].infos[0].get("peak_tracemalloc_mib")
             entry[f"{r}_peak_per_spec_kib"] = sides[r].infos[0].get("peak_per_spec_kib")
+            entry[f"{r}_cost_cache"] = sides[r].infos[0].get("cost_cache")
         entry["peak_memory_kind"] = stock.infos[0].get("peak_memory_kind")
         entry.update(floor_summary(built))
     entry["max_rss_mib"] = {r: max(i["max_rss_mib"] for i in sides[r].infos) for r in ROLES}
@@ -251,6 +252,10 @@ def planner_lines(entries: list[dict[str, Any]]) -> list[str]:
                 f"{e[f'{r}_peak_per_spec_kib']} KiB per spec"
                 + (f"; missing in specs: {w['missing']}" if w.get("missing") else "")
             )
+            if e.get(f"{r}_cost_cache"):
+                c = e[f"{r}_cost_cache"]
+                lines.append(f"{e['name']} {r}: cost-row cache after a cold walk: {c['entries']} rows "
+                             f"(at most {c['maxsize']}), {c['mib']} MiB held (what clearing it frees)")
             if w.get("cost_computations"):
                 c = w["cost_computations"]
                 lines.append(

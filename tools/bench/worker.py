@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import resource
 import statistics
@@ -281,6 +282,7 @@ class PlannerBench(Benchmark):
         peak = _tracemalloc_peak(cold_walk)
         specs = walked[0].specs
         return {
+            **self.cost_cache(),
             "peak_tracemalloc_mib": round(peak, 2),
             # per OpSpec the walk received: a side returning more specs may peak higher
             "peak_per_spec_kib": round(peak * 1024.0 / specs, 3) if specs else None,
@@ -288,6 +290,30 @@ class PlannerBench(Benchmark):
             "(above the heap at its start; the graph and torch are already loaded); "
             "per spec: that peak over the OpSpecs the walk received",
         }
+
+    def cost_cache(self) -> dict[str, Any]:
+        """The cost-row cache after one cold walk: its entries, bound and the memory it alone holds
+        (what clearing it frees, the walk's answers kept); nothing on a torch without it."""
+        from torch.distributed.tensor._ops import utils
+
+        rows = getattr(utils, "_cost_row", None)
+        if rows is None:
+            return {}
+        self.common.clear_dtensor_caches()
+        tracemalloc.start()
+        try:
+            answers = self.walk()  # kept alive, so clearing frees only what the cache holds
+            gc.collect()
+            held, _ = tracemalloc.get_traced_memory()
+            info = rows.cache_info()
+            rows.cache_clear()
+            gc.collect()
+            freed = held - tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        del answers
+        return {"cost_cache": {"entries": info.currsize, "maxsize": info.maxsize,
+                               "mib": round(freed / (1024.0 * 1024.0), 3)}}
 
     def floor(self, plan: Plan) -> dict[str, Any]:
         """Record the built answers once, then time the floor walk over them.
