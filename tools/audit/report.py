@@ -24,14 +24,14 @@ LEGEND = {
     "ok": "answered, and every OpSpec meets C1-C5",
     "violation": "answered with at least one OpSpec breaking the contract",
     "C1-C5": "queries whose violations name that clause (a query can name several)",
-    "error": "the query raised, and eager DTensor runs the same call with the same input placements "
-    "(runtime: the one sharded candidate; planner: the first candidate, all-Replicate), or it timed out; "
-    "a utility query that raises is always an error",
+    "error": "the query raised and was not refused alike: eager DTensor runs the same call with the same "
+    "input placements (runtime: the one sharded candidate; planner: the first candidate, all-Replicate) "
+    "or raises another type or reason, the query raised an internal error, or it timed out",
     "refused": "a query raised its mode's refusal type (NotImplementedError; as dispatch asks, also a "
     "RuntimeError) and eager DTensor, asked the same call on the same placements, raises that type with "
     "the same message; or the op itself rejects the call on plain tensors and eager DTensor raises too; "
-    "or a NotImplementedError for a composite op, which dispatch decomposes instead. A right answer, unless stock's runtime answers the same call (listed as a new refusal, fails "
-    "--strict)",
+    "or a NotImplementedError for a composite op, which dispatch decomposes instead. A right answer, "
+    "unless stock's runtime answers the same call (listed as a new refusal, fails --strict)",
     "no strategy": "nothing to judge: runtime: dispatch asks no strategy (`_local_scalar_dense`; a "
     "decomposition that raises or answers None is reported by dispatch as a NotImplementedError, judged "
     "as error or refused); planner: stock's decomposition path answered "

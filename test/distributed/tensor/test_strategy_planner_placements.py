@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 from unittest import mock
 
-from hypothesis import event, given, settings, strategies as st
-
 import torch
 import torch.distributed.tensor._sharding_prop as sharding_prop
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -34,8 +34,9 @@ from torch.distributed.tensor._ops.utils import (
     _strided_reading,
     is_tensor_evenly_shardable,
 )
+from torch.distributed.tensor._redistribute import _gen_transform_infos
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-from torch.distributed.tensor.placement_types import _StridedShard, Placement
+from torch.distributed.tensor.placement_types import Placement, _StridedShard
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -47,7 +48,6 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     with_comms,
 )
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
-
 
 aten = torch.ops.aten
 PLANNER = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
@@ -308,6 +308,7 @@ def choosing(op: torch._ops.OpOverload, spec: OpSpec) -> Iterator[None]:
         raise AssertionError(f"eager DTensor does not offer {spec}: {strategy}")
 
     _clear_sharding_prop_cache()
+    _gen_transform_infos.cache_clear()  # plans made outside LocalTensorMode are rank 0's
     try:
         with mock.patch.object(sharding_prop, "_select_min_cost_strategy", pick):
             yield

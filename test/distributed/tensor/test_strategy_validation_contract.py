@@ -21,7 +21,6 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 )
 
 
-aten = torch.ops.aten
 PLANNER = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
 
 

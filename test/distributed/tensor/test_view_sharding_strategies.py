@@ -1,6 +1,6 @@
 # Owner(s): ["oncall: distributed"]
 """View shardings that the local view cannot keep: a ``_StridedShard`` on a
-flattened dim, and a dim several mesh dims shard split into fewer pieces."""
+flattened dim, and a dim several mesh dims shard split or flattened unevenly."""
 
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
@@ -36,17 +36,18 @@ class TestViewShardingStrategies(LocalDTensorTestBase):
 
     @with_comms
     def test_dim_sharded_by_several_mesh_dims(self) -> None:
-        """Each mesh dim divided the leading size alone: 8 rows on 2x2 ranks
-        viewed as 2 rows stayed sharded on both, and the local view raised."""
+        """Each mesh dim divided the size alone: 8 rows on 2x2 ranks viewed as 2
+        rows, and 2 rows flattened, stayed sharded on both; the local view raised."""
         mesh = init_device_mesh("cpu", (2, 2))
         x = torch.randn(8, 4)
         with LocalTensorMode(frozenset(range(self.world_size))):
-            dt = distribute_tensor(x, mesh, [Shard(0), Shard(0)])
-            with self.assertRaisesRegex(RuntimeError, "redistribut"):
-                dt.view(2, 16)
-            with torch.inference_mode():
-                got = torch.ops.aten.reshape.default(dt, [2, 16])
-            self.assertEqual(got.full_tensor(), x.reshape(2, 16))
+            for t, shape in ((x, [2, 16]), (x[:2], [-1])):  # 2 rows flattened too
+                dt = distribute_tensor(t, mesh, [Shard(0), Shard(0)])
+                with self.assertRaisesRegex(RuntimeError, "redistribut"):
+                    dt.view(shape)
+                with torch.inference_mode():
+                    got = torch.ops.aten.reshape.default(dt, shape)
+                self.assertEqual(got.full_tensor(), t.reshape(shape))
             # one mesh dim of four: analyzing the split's second dim reset the first's
             dt = distribute_tensor(x, self.build_device_mesh(), [Shard(0)])
             got = torch.ops.aten.view_copy.default(dt, [2, 16])
