@@ -30,6 +30,7 @@ class TestDecompositionStrategies(LocalDTensorTestBase):
             (aten.mse_loss.default, (x, y), [Shard(0)], mesh),  # 6 rows, 4 ranks
             (aten.unflatten.int, (rows, 0, [2, -1]), [Shard(0)], mesh),
             (aten.flatten.using_ints, (block, 0, 1), [Shard(0), Shard(1)], plane),
+            (aten.flatten.using_ints, (rows, 0, 1), [Shard(0), Shard(0)], plane),
         ]
         for op, args, ps, on in cases:
             with self.subTest(op), LocalTensorMode(frozenset(range(self.world_size))):
