@@ -58,6 +58,8 @@ EagerCache = dict[tuple[str, str, str], "str | None"]  # (call text, mesh, mode)
 def load_checker() -> SimpleNamespace:
     """The contract check, the capture and the audit's extension of it, loaded by file path
     (the stock torch ships neither test module), as one namespace."""
+    if not hasattr(OpSpec, "local_output_metas"):  # stock: no rank-local result has its meta
+        OpSpec.local_output_metas = None  # type: ignore[attr-defined]
     modules = {}
     for name, path in (("strategy_contract", CHECKER), ("capture", CAPTURE)):
         full = f"torch.testing._internal.distributed._tensor.{name}"
