@@ -45,7 +45,7 @@ fuzz: build
 	@mkdir -p .build
 	PYTORCH_HYPOTHESIS_PROFILE=debug $(VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		--hypothesis-show-statistics $(PROPERTY_TEST) > .build/fuzz.log 2>&1; status=$$?; \
-		grep -E "^(PASSED|FAILED|ERROR) | passed| failed|refused" .build/fuzz.log; exit $$status
+		grep -E "::test_family| passing,|refused| passed| failed" .build/fuzz.log; exit $$status
 
 audit: build
 	$(VENV)/bin/python -m tools.audit --stock-python $(STOCK_VENV)/bin/python --built-python $(VENV)/bin/python \

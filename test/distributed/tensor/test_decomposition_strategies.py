@@ -1,12 +1,11 @@
 # Owner(s): ["oncall: distributed"]
-"""The decomposition path offers no sharding its trace, on one mesh dim of size 1,
-cannot see is wrong: ``Partial("avg")`` over uneven shards, a ``_StridedShard``
-another mesh dim changes, and local results of other shapes."""
+"""The decomposition path offers no sharding its trace on one mesh dim cannot vouch
+for: uneven ``Partial("avg")``, nested shards, local results of other shapes."""
 
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import distribute_tensor, Shard
+from torch.distributed.tensor import distribute_tensor, Replicate, Shard
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
@@ -21,8 +20,8 @@ aten = torch.ops.aten
 class TestDecompositionStrategies(LocalDTensorTestBase):
     @with_comms
     def test_eager_results(self) -> None:
-        """Each gave NaN or other values, or raised in the local kernel; composite
-        ops reach dispatch as called in inference mode."""
+        """Each gave NaN or other values, raised, or held pieces its placements do
+        not describe; composite ops reach dispatch as called in inference mode."""
         mesh, plane = self.build_device_mesh(), init_device_mesh("cpu", (2, 2))
         x, y, rows = torch.randn(6), torch.randn(6), torch.randn(6, 4)
         block = torch.randn(4, 8)
@@ -40,6 +39,9 @@ class TestDecompositionStrategies(LocalDTensorTestBase):
                     )
                     got = op(*dargs)
                 self.assertEqual(got.full_tensor(), op(*args))
+                if all(isinstance(p, Shard | Replicate) for p in got.placements):
+                    want = distribute_tensor(op(*args), on, got.placements)
+                    self.assertTrue(torch.equal(got.to_local(), want.to_local()))
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
                         for meta in (dtensor._spec.tensor_meta, spec.tensor_meta):
                             got = (meta.shape, meta.stride, meta.dtype)
                             expected = (plain.shape, plain.stride(), plain.dtype)
-                            self.assertEqual(got, expected, op)
+                            self.assertEqual(got, expected, msg=str(op))
 
     @with_comms
     def test_float_kwargs_share_an_entry(self) -> None:
@@ -82,9 +82,8 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
 
     @with_comms
     def test_opinfo_samples_with_a_warm_cache(self) -> None:
-        """Each sample of ops with kwarg-only arguments, in place and with
-        ``out=`` too, one after another: every result's spec has its local
-        tensor's shape and stride (replicated)."""
+        """Samples of ops with kwarg-only arguments, in place and with ``out=``, one
+        after another: each result's spec has its local tensor's shape and stride."""
         mesh, checked = self.build_device_mesh(), 0
 
         def dtensor(t: torch.Tensor) -> DTensor:

@@ -1,14 +1,9 @@
 # Owner(s): ["oncall: distributed"]
-"""``ShardingPropagator.enumerate_strategies`` asked about calls of each op family
-with input candidates drawn from every placement (``Replicate``, ``Partial``,
-``Shard``, ``_StridedShard``; even and uneven) on 1-, 2- and 3-D meshes: its
-answer meets the strategy contract or is refused with ``NotImplementedError``,
-and a strategy drawn from the answer runs eagerly on DTensors with those input
-placements and gives plain torch's values. The Partial placements of one
-candidate share one reduce op."""
+"""``enumerate_strategies`` on calls of each op family, with candidates from every
+placement, even and uneven, on 1-, 2- and 3-D meshes: its answer meets the contract
+or is ``NotImplementedError``, and a strategy drawn from it runs eagerly as torch."""
 
 import contextlib
-import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator
@@ -30,10 +25,7 @@ from torch.distributed.tensor._op_schema import (
     TupleStrategy,
 )
 from torch.distributed.tensor._ops.strategy_validation import _create_partial_input
-from torch.distributed.tensor._ops.utils import (
-    _strided_reading,
-    is_tensor_evenly_shardable,
-)
+from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable
 from torch.distributed.tensor._redistribute import _gen_transform_infos
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
@@ -185,7 +177,6 @@ def pointwise(draw: st.DrawFn) -> Call:
 
 @st.composite
 def decomposed(draw: st.DrawFn) -> Call:
-    """Ops served by the decomposition path."""
     dims = draw(shape())
     x = randn(*dims)
     kind = draw(st.sampled_from(("hardswish", "glu", "mse_loss", "trace", "softmax")))
@@ -231,9 +222,8 @@ def meta(t: torch.Tensor) -> TensorMeta:
 def held_spec(
     mesh: DeviceMesh, placements: tuple[Placement, ...], t: torch.Tensor
 ) -> DTensorSpec:
-    """A spec a DTensor can hold: an even ``_StridedShard`` as a shard order (FSDP2
-    with TP) or a strided layout (views'; not on a 3-D mesh, where DTensor takes
-    seconds to price it), else ``Shard``: DTensor cannot gather the others."""
+    """A spec DTensor can hold: an even ``_StridedShard`` as a shard order (FSDP2+TP)
+    or a layout (not on 3-D meshes: slow to price), else ``Shard``."""
     spec = DTensorSpec(mesh, placements, tensor_meta=meta(t))
     if not any(isinstance(p, _StridedShard) for p in placements):
         return spec
@@ -324,10 +314,6 @@ class TestPlannerPlacements(LocalDTensorTestBase):
     def world_size(self) -> int:
         return 8
 
-    def explore(self, calls: st.SearchStrategy[Call]) -> None:
-        """Examples as many as the loaded profile asks (``pytorch_ci``: 50)."""
-        settings(deadline=None)(given(st.data())(lambda d: self.check(d, calls)))()
-
     def check(self, data: st.DataObject, calls: st.SearchStrategy[Call]) -> None:
         mesh = init_device_mesh("cpu", data.draw(st.sampled_from(MESH_SHAPES)))
         torch.manual_seed(data.draw(st.integers(0, 2**16)))  # the values, per example
@@ -349,10 +335,9 @@ class TestPlannerPlacements(LocalDTensorTestBase):
     def run_eagerly(self, call: Call, mesh: DeviceMesh, spec: OpSpec) -> None:
         """``call`` on DTensors placed as ``spec`` asks, with ``spec`` chosen."""
         flat, tree = tree_flatten((call.args, call.kwargs))
-        reading = functools.partial(_strided_reading, mesh=mesh, use_strided=None)
         tensors = [x for x in flat if torch.is_tensor(x)]
-        targets = [  # held as DTensor can hold those placements
-            DTensorSpec(mesh, s.placements, meta(t), None, reading(s.placements))
+        targets = [
+            s.shallow_copy_with_tensor_meta(meta(t))
             for t, s in zip(tensors, spec.input_specs or ())
         ]
         pieces = [local_shards(t, mesh, s) for t, s in zip(tensors, targets)]
@@ -373,8 +358,12 @@ class TestPlannerPlacements(LocalDTensorTestBase):
 
     @with_comms
     @parametrize("family", FAMILIES, name_fn=lambda f: f.__name__)
-    def test_family(self, family: Callable[[], st.SearchStrategy[Call]]) -> None:
-        self.explore(family())
+    @settings(deadline=None)  # examples: as the loaded profile asks (pytorch_ci: 50)
+    @given(data=st.data())
+    def test_family(
+        self, family: Callable[[], st.SearchStrategy[Call]], data: st.DataObject
+    ) -> None:
+        self.check(data, family())
 
 
 instantiate_parametrized_tests(TestPlannerPlacements)
