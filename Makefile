@@ -13,6 +13,10 @@
 #   make bench        tools.bench, stock vs built, into .build/bench (RECORD=1: reports/bench.json;
 #                     STRICT=1, BENCH=..., REPEATS=N, QUICK=1)
 #   make results      the README's Results section from reports/*.json (tools/results.py)
+#   make downstream   autoparallel's CPU acceptance tests: as it is on stock torch, and with
+#                     downstream/autoparallel/ on torch with the stack, side by side; reproducers,
+#                     the attention check and strategy-building time (AUTOPARALLEL=<checkout or git
+#                     dir>, REV=<rev>, CHECKS=tests,reproducers,attention,timing, STRICT=1)
 #   make clean        remove the venvs, .build, dist and the Python and linter caches
 
 PYTHON ?= python3.11
@@ -24,7 +28,7 @@ PIP_ARGS ?=
 BUILD_TOOL = $(PYTHON) tools/build.py
 VENV_ARGS = --venv $(VENV) --stock-venv $(STOCK_VENV)
 
-.PHONY: build export check-stack test lint format fuzz audit bench results clean
+.PHONY: build export check-stack test lint format fuzz audit bench results clean downstream
 
 build:
 	$(BUILD_TOOL) build $(VENV_ARGS) $(if $(PIP_ARGS),--pip-args "$(PIP_ARGS)") $(if $(FORCE),--force)
@@ -78,6 +82,11 @@ format: $(LINT_VENV)/.installed
 
 results: build
 	$(VENV)/bin/python tools/results.py --stock-venv $(STOCK_VENV)
+
+# Without AUTOPARALLEL the tool says how to get the snapshot and exits 2 (no build first).
+downstream: $(if $(AUTOPARALLEL),build)
+	$(PYTHON) tools/downstream.py run $(if $(AUTOPARALLEL),--autoparallel "$(AUTOPARALLEL)") $(VENV_ARGS) \
+		$(if $(REV),--rev "$(REV)") $(if $(CHECKS),--checks "$(CHECKS)") $(if $(STRICT),--strict)
 
 clean:
 	rm -rf $(VENV) $(STOCK_VENV) $(LINT_VENV) .build dist .pytest_cache .mypy_cache .ruff_cache

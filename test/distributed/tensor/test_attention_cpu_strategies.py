@@ -28,11 +28,11 @@ class TestAttentionCpuStrategies(LocalDTensorTestBase):
             for placement in (Shard(0), Shard(1), Replicate()):
                 with LocalTensorMode(frozenset(range(self.world_size))):
                     dq, dk, dv = (
-                        distribute_tensor(t.detach(), mesh, [placement])
+                        distribute_tensor(
+                            t.detach(), mesh, [placement]
+                        ).requires_grad_()
                         for t in (q, k, v)
                     )
-                    for t in (dq, dk, dv):
-                        t.requires_grad_()
                     dmask = attn_mask
                     if attn_mask is not None:
                         dmask = distribute_tensor(attn_mask, mesh, [Replicate()])
@@ -45,6 +45,11 @@ class TestAttentionCpuStrategies(LocalDTensorTestBase):
                     for dgrad, grad in zip(got, grads):
                         self.assertEqual(dgrad.placements, (placement,))
                         self.assertEqual(dgrad.full_tensor(), grad)
+        q6 = torch.randn(4, 6, 8, 16)  # a rank without heads: the kernel divided by 0
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            d6 = distribute_tensor(q6, mesh, [Shard(1)])
+            out = F.scaled_dot_product_attention(d6, d6, d6).full_tensor()
+        self.assertEqual(out, F.scaled_dot_product_attention(q6, q6, q6))
 
 
 if __name__ == "__main__":

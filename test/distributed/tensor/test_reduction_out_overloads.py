@@ -16,8 +16,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 class TestReductionOutOverloads(LocalDTensorTestBase):
     @with_comms
     def test_out_placed_like_the_result(self) -> None:
-        """The functional rule placed the result and the input but not ``out``,
-        so each call failed in the expansion."""
+        """The functional rule did not place ``out``: the expansion failed."""
         mesh = self.build_device_mesh()
         x = torch.randn(8, 6)
         with LocalTensorMode(frozenset(range(self.world_size))):

@@ -41,8 +41,7 @@ class TestStrategyCostRows(LocalDTensorTestBase):
 
     @with_comms
     def test_repeated_query_computes_no_cost_until_caches_are_cleared(self) -> None:
-        """Same rows each time; computed only when no query with the same plan
-        setting has asked them yet."""
+        """Same rows each time; computed once per plan setting."""
         for shape in [(4,), (2, 2)]:
             mesh = init_device_mesh("cpu", shape)
             _clear_sharding_prop_cache()

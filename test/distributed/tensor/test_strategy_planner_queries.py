@@ -115,8 +115,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
 
     @with_comms
     def test_placements_fsdp_with_tp_gives(self) -> None:
-        """``unbind`` raised on the candidate it cannot serve, and ``view`` priced
-        it against itself at ``inf``."""
+        """``unbind`` raised on FSDP2+TP; ``view`` priced it to itself at ``inf``."""
         mesh = init_device_mesh("cpu", (2, 2))
         fsdp_tp = (_StridedShard(0, split_factor=2), Shard(0))
         x = candidates(torch.randn(8, 4), mesh, (Replicate(),) * 2, fsdp_tp)

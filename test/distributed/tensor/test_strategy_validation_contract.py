@@ -27,8 +27,7 @@ PLANNER = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
 class TestStrategyValidationContract(LocalDTensorTestBase):
     @with_comms
     def test_contract_report(self) -> None:
-        """It counts what it asked and names ops without a strategy: ``nonzero``
-        read as a pass before."""
+        """It counts what it asked and names ``nonzero``, which read as a pass."""
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             found = checks.check_opinfo_calls(["mm", "unbind", "nonzero"], 4, PLANNER)
