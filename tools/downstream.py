@@ -775,8 +775,8 @@ def main(argv: Sequence[str] | None = None, log: Log = lambda m: print(m, flush=
         return 2
     if args.autoparallel is None:
         print("make downstream needs AUTOPARALLEL=<autoparallel checkout>. Bring the snapshot with\n"
-              f"  {FETCH_HINT}\n(the search tool's fetch), then pass the git directory it returns, "
-              "e.g. make downstream AUTOPARALLEL=/work/.mirror/meta-pytorch+autoparallel/repo", file=sys.stderr)
+              f"  {FETCH_HINT}\nthen pass the git directory it returns: "
+              "make downstream AUTOPARALLEL=<that directory>", file=sys.stderr)
         return 2
     if args.rounds < 1 or args.builds < 1:
         parser.error("--rounds and --builds must be at least 1")
