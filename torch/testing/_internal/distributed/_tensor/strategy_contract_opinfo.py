@@ -45,11 +45,9 @@ def eager_error(
 
 
 def refused_alike(error: Exception, eager: Exception | None, planner: bool) -> bool:
-    """Whether a query's ``error`` is a refusal eager DTensor makes too: no
-    strategy for the op (``NotImplementedError``), or as dispatch asks, a rule
-    refusing the placement (``RuntimeError``), raised by eager DTensor with the
-    same message. An internal error (``KeyError``, ``AssertionError``, ...)
-    never is."""
+    """Whether a query's ``error`` is a refusal eager DTensor makes too, with the
+    same message: no strategy (``NotImplementedError``) or, as dispatch asks, a
+    rule refusing the placement (``RuntimeError``); never an internal error."""
     kinds = (NotImplementedError,) if planner else (NotImplementedError, RuntimeError)
     return (
         type(error) in kinds
@@ -63,10 +61,9 @@ def check_opinfo_calls(
     world_size: int,
     planner: Callable[[OpSchema], StrategyType] | None = None,
 ) -> int:
-    """Checks DTensor's strategy for each aten call of the first sample of each
-    op's OpInfos, as dispatch asks and through ``planner``; prints the findings,
-    what was asked, answered and refused (alike by eager DTensor, else a finding)
-    and returns the number of findings, ops without any strategy included."""
+    """Checks DTensor's strategy for each aten call of each op's first OpInfo
+    sample, as dispatch asks and through ``planner``; prints findings, queries and
+    refusals, and returns the number of findings, ops without a strategy included."""
     from torch.distributed.tensor._ops import strategy_validation as sv
 
     shape = (2, world_size // 2) if world_size % 2 == 0 else (world_size,)
