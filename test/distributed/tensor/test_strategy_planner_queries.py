@@ -98,8 +98,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
         for op in (aten.hardswish, aten.glu, aten.mse_loss, aten.trace):
             args = (X, X) if op is aten.mse_loss else (X,)
             self.assertEqual(sc.registry(op.default), "decomposition")
-            found = sc.check_call(op.default, args, {}, mesh, PLANNER)
-            self.assertEqual(found, [], op)
+            self.assertEqual(sc.check_call(op.default, args, {}, mesh, PLANNER), [], op)
 
     @with_comms
     def test_decomposition_refuses_what_dispatch_refuses(self) -> None:
@@ -129,6 +128,9 @@ class TestPlannerQueries(LocalDTensorTestBase):
         self.assertEqual(strategy.input_specs[0].placements, (Replicate(),) * 2)
         kept = ask(aten.view.default, x, [8, 2, 2]).strategies
         self.assertIn([0.0, 0.0], [s.redistribute_cost[0] for s in kept])
+        y = candidates(X, mesh, (Replicate(),) * 2)
+        added = offered(ask(aten.add.Tensor, y, x))
+        self.assertIn(fsdp_tp, {ins[0] for _, ins in added})  # asked what x holds
         for op, args, held in [  # no made-up layout; argmax keeps no _StridedShard
             (aten.gelu.default, (), fsdp_tp),
             (aten.view.default, ([2, 16],), fsdp_tp),

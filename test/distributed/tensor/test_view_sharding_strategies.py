@@ -20,9 +20,8 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 
 class TestViewShardingStrategies(LocalDTensorTestBase):
     def test_strided_shard_of_a_flattened_dim(self) -> None:
-        """It stayed sharded on a flattened dim no output dim keeps, and the rule
-        raised ``KeyError``: ``view`` asks to redistribute it, ``reshape``
-        replicates it."""
+        """It stayed sharded on a flattened dim no output dim keeps (``KeyError``):
+        ``view`` asks to redistribute it, ``reshape`` replicates it."""
         rule, r, strided = view_groups([8, 4, 6], [8, 24]), Replicate(), _StridedShard
         for placements, kept in [
             ((Shard(2), strided(1, split_factor=2)), [r, strided(1, split_factor=2)]),

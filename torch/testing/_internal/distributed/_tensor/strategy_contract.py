@@ -137,8 +137,7 @@ def contract_violations(
     op_schema: OpSchema, strategy: StrategyType, expected: Metas
 ) -> list[str]:
     """Every way ``strategy`` breaks the contract, naming op, child, ``OpSpec``,
-    position and clause; ``expected`` is :func:`expected_output_metas` of
-    ``op_schema``."""
+    position and clause; ``expected``: :func:`expected_output_metas` of the schema."""
     op = op_schema.op
     if not isinstance(strategy, TupleStrategy):
         as_list = any(isinstance(r.type, torch.ListType) for r in op._schema.returns)
