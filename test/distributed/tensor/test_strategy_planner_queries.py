@@ -52,7 +52,8 @@ def offered(strategy: OpStrategy) -> set[tuple]:
 class TestPlannerQueries(LocalDTensorTestBase):
     @with_comms
     def test_the_answer_does_not_depend_on_repeated_candidates(self) -> None:
-        """Single-dim expansion asserted on more than one candidate per input."""
+        """Single-dim expansion asserted on more than one candidate per input, and
+        offered no ``Shard`` where no candidate held one."""
         mesh = init_device_mesh("cpu", (4,))
         y = candidates(Y, mesh, Replicate())
         for op, first, rest in [
@@ -64,20 +65,15 @@ class TestPlannerQueries(LocalDTensorTestBase):
                 ask(op, candidates(X, mesh, *[first] * n), *rest) for n in (1, 2, 3)
             ]
             self.assertEqual(len(answers[0].strategies), len(answers[2].strategies))
-            self.assertEqual(offered(answers[0]), offered(answers[1]), op)
-            self.assertEqual(offered(answers[0]), offered(answers[2]), op)
+            for n in (1, 2):
+                self.assertEqual(offered(answers[0]), offered(answers[n]), str(op))
+        mm = ask(aten.mm.default, candidates(X, mesh, Replicate()), y)
+        self.assertIn((Shard(0),), {out for out, _ in offered(mm)})
         x = candidates(torch.randn(3, 4), mesh, Replicate(), Shard(0))  # 3 rows: uneven
-        flipped = OpStrategy(x.strategies[::-1])  # kept only when first, before
-        answers = [ask(aten.sum.dim_IntList, c, [1]) for c in (x, flipped)]
-        self.assertEqual(offered(answers[0]), offered(answers[1]))  # nor on their order
-
-    @with_comms
-    def test_replicated_candidates_are_offered_sharded_strategies(self) -> None:
-        """Placeholders expand to ``Shard`` though no candidate is sharded."""
-        mesh = init_device_mesh("cpu", (4,))
-        x, y = (candidates(t, mesh, Replicate()) for t in (X, Y))
-        outputs = {out for out, _ in offered(ask(aten.mm.default, x, y))}
-        self.assertIn((Shard(0),), outputs)
+        flipped = OpStrategy(x.strategies[::-1])  # only the first was judged, before
+        for op, arg in [(aten.sum.dim_IntList, [1]), (aten.add_.Tensor, x)]:
+            answers = [offered(ask(op, c, arg)) for c in (x, flipped)]
+            self.assertEqual(answers[0], answers[1], str(op))  # nor on their order
 
     @with_comms
     def test_view_redistributes_a_candidate_it_cannot_keep(self) -> None:
@@ -101,9 +97,9 @@ class TestPlannerQueries(LocalDTensorTestBase):
             self.assertEqual(sc.check_call(op.default, args, {}, mesh, PLANNER), [], op)
 
     @with_comms
-    def test_decomposition_refuses_what_dispatch_refuses(self) -> None:
-        """An op whose decomposition does not trace, or takes a list of DTensors,
-        has no strategy for a planner, as dispatch has none on replicated inputs."""
+    def test_refusals(self) -> None:
+        """Ops whose decomposition does not trace or takes a list of DTensors have no
+        strategy, as for dispatch; malformed candidates raised inside rules."""
         mesh, x = init_device_mesh("cpu", (4,)), torch.randn(3, 8)
         for op, args in [
             (aten.reflection_pad1d.default, lambda t: (t, [1, 1])),
@@ -113,10 +109,13 @@ class TestPlannerQueries(LocalDTensorTestBase):
                 ask(op, *args(candidates(x, mesh, Replicate())))
             with LocalTensorMode(frozenset(range(self.world_size))):
                 dx = distribute_tensor(x, mesh, [Replicate()])
-                with self.assertRaisesRegex(NotImplementedError, "sharding strategy"):
-                    op(*args(dx))
+                self.assertRaisesRegex(NotImplementedError, "strategy", op, *args(dx))
         with self.assertRaisesRegex(NotImplementedError, "data-dependent output"):
             ask(aten.argwhere.default, candidates(x, mesh, Replicate()))
+        no_meta = OpStrategy([OpSpec(DTensorSpec(mesh, (Replicate(),)))])
+        for x in (OpStrategy([]), no_meta, candidates(X, mesh, Shard(2))):
+            with self.assertRaisesRegex(ValueError, "view.default.*tensor input 0"):
+                ask(aten.view.default, x, [32])
 
     @with_comms
     def test_placements_fsdp_with_tp_gives(self) -> None:
@@ -140,11 +139,13 @@ class TestPlannerQueries(LocalDTensorTestBase):
                 asked = s.input_specs[0].placements
                 if any(isinstance(p, _StridedShard) for p in asked):
                     self.assertEqual(asked, held, msg=str(op))
-        prop = DTensor._op_dispatcher.sharding_propagator
-        bug = mock.Mock(side_effect=RuntimeError("a bug in the rule"))
-        with mock.patch.dict(prop.op_strategy_funcs, {aten.unbind.int: bug}):
-            with self.assertRaisesRegex(RuntimeError, "a bug in the rule"):
-                ask(aten.unbind.int, x, 0)
+        rules = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+        for rule, error in [  # a bug in the rule; an answer with no strategy
+            (mock.Mock(side_effect=RuntimeError("a bug")), "a bug"),
+            (mock.Mock(return_value=OpStrategy([])), "no strategy for these"),
+        ]:
+            with mock.patch.dict(rules, {aten.unbind.int: rule}):
+                self.assertRaisesRegex(RuntimeError, error, ask, aten.unbind.int, x, 0)
 
     @with_comms
     def test_no_sharding_eager_computes_wrongly(self) -> None:

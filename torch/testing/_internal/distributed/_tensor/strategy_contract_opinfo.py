@@ -4,14 +4,12 @@ query's refusal is one eager DTensor makes too."""
 
 import collections
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import distribute_tensor, DTensor
-from torch.distributed.tensor._op_schema import OpSchema, StrategyType
 from torch.testing._internal.distributed._tensor.strategy_contract import (
     check_call,
     registry,
@@ -56,14 +54,11 @@ def refused_alike(error: Exception, eager: Exception | None, planner: bool) -> b
     )
 
 
-def check_opinfo_calls(
-    op_names: list[str],
-    world_size: int,
-    planner: Callable[[OpSchema], StrategyType] | None = None,
-) -> int:
+def check_opinfo_calls(op_names: list[str], world_size: int) -> int:
     """Checks DTensor's strategy for each aten call of each op's first OpInfo
-    sample, as dispatch asks and through ``planner``; prints findings, queries and
-    refusals, and returns the number of findings, ops without a strategy included."""
+    sample, as dispatch and as a planner (``enumerate_strategies``) ask; prints
+    findings, queries and refusals, and returns the number of findings, ops without
+    a strategy included."""
     from torch.distributed.tensor._ops import strategy_validation as sv
 
     shape = (2, world_size // 2) if world_size % 2 == 0 else (world_size,)
@@ -82,7 +77,7 @@ def check_opinfo_calls(
                 meta = lambda t: (t.shape, t.stride(), t.dtype)  # noqa: E731
                 key = f"{op}{tree_map_only(torch.Tensor, meta, (args, kwargs))}"
                 calls.setdefault(key, (op, args, kwargs))
-    asks = (None, planner) if planner else (None,)
+    asks = (None, DTensor._op_dispatcher.sharding_propagator.enumerate_strategies)
     answered, found, refused = 0, 0, collections.Counter()
     for (op, args, kwargs), ask in itertools.product(calls.values(), asks):
         try:
