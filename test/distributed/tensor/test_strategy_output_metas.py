@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import distribute_tensor, DTensor, Replicate, Shard
+from torch.distributed.tensor._op_schema import OpSchema
 from torch.distributed.tensor._ops.utils import (
     _first_candidate_schema,
     expand_to_full_mesh_op_strategy,
@@ -46,12 +47,20 @@ BACKWARD = {
 class TestStrategyOutputMetas(LocalDTensorTestBase):
     @with_comms
     def test_shape_inference_runs_once_per_runtime_query(self) -> None:
-        """Strategies reuse dispatch's metas, also under a fake mode (no cache)."""
-        mesh = init_device_mesh("cpu", (2, 2))
+        """Strategies reuse dispatch's metas, also under a fake mode (no cache),
+        handed to the schemas they build, never written into a built one."""
+        mesh, setattr_ = init_device_mesh("cpu", (2, 2)), OpSchema.__setattr__
+
+        def no_rewrite(schema: OpSchema, name: str, value: object) -> None:
+            if name == "output_tensor_meta" and name in vars(schema):
+                raise AssertionError("an OpSchema written after construction")
+            setattr_(schema, name, value)
+
         for (op, args), ctx in itertools.product(CALLS, (nullcontext, FakeTensorMode)):
             schema = _first_candidate_schema(sc.strategy_schema(op, args, {}, mesh))
             with mock.patch.object(PROP, INFER, wraps=getattr(PROP, INFER)) as m, ctx():
-                PROP.propagate_op_sharding_non_cached(schema)
+                with mock.patch.object(OpSchema, "__setattr__", no_rewrite):
+                    PROP.propagate_op_sharding_non_cached(schema)
             self.assertEqual(m.call_count, 1, f"{op} in {ctx.__name__}")
 
     @with_comms

@@ -209,9 +209,8 @@ def placements(
         else:
             dim = draw(st.integers(0, t.dim() - 1))
             sf = draw(st.sampled_from((2, 4)))
-            out.append(
-                Shard(dim) if kind == "S" else _StridedShard(dim, split_factor=sf)
-            )
+            shard = Shard(dim) if kind == "S" else _StridedShard(dim, split_factor=sf)
+            out.append(shard)
     return tuple(out)
 
 
