@@ -121,7 +121,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
             ask(aten.argwhere.default, candidates(x, mesh, Replicate()))
         no_meta = OpStrategy([OpSpec(DTensorSpec(mesh, (Replicate(),)))])
         bad = [OpStrategy([]), no_meta, no_meta.strategies[0].output_spec]  # a spec
-        for x in [*bad, candidates(X, mesh, Shard(2)), candidates(X, mesh, R2)]:
+        for x in [*bad, X, candidates(X, mesh, Shard(2)), candidates(X, mesh, R2)]:
             with self.assertRaisesRegex(ValueError, "view.default.*tensor input 0"):
                 ask(aten.view.default, x, [32])
 
