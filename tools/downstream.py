@@ -32,8 +32,9 @@ or the git directory ``fetch github:meta-pytorch/autoparallel`` brings; its
   in autoparallel's path: required to pass) and on stock torch as it is;
 * the strategy-building time of autoparallel's transformer-block test
   (:func:`timing_main`): stock torch with autoparallel as it is (its repairs)
-  against the stack with every patch (no repairs), the two run alternately in one
-  run, with the peak memory one build allocates.
+  and the stack with autoparallel as it is, against the stack with every patch
+  (no repairs), run alternately in one run, with the peak memory one build
+  allocates.
 
 The exit status is 1 when a patch does not apply, a run cannot run, a test that
 passes on stock torch with autoparallel as it is fails on the stack with every
@@ -402,24 +403,30 @@ def regressions(reference: Cell, patched: Cell) -> list[str]:
                   if o in PASSING and patched.outcomes.get(i) not in PASSING)
 
 
-def timing_summary(stock: Sequence[Mapping[str, Any]], stack: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Medians of each side's workers, and stack over stock."""
+def timing_summary(sides: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Medians of each side's workers (``stock``, optionally ``stack + repairs``, then
+    ``stack``, whose ratio to each earlier side ends its row)."""
     def med(runs: Sequence[Mapping[str, Any]], key: str) -> float:
         if key == "builds":
             return statistics.median(b for r in runs for b in r["builds"])
         return statistics.median(float(r[key]) for r in runs)
 
+    names = {"stock": "stock + repairs", "stack + repairs": "stack + repairs", "stack": "stack, none"}
+    order = [side for side in names if side in sides]
+    ratios = [{"stock": "stack/stock", "stack + repairs": "none/repairs"}[side] for side in order[:-1]]
     rows = [("strategy building, caches cleared (s)", "builds", "{:.4f}"),
             ("first build in AutoParallel (s)", "first", "{:.4f}"),
             ("peak memory one build allocates (MiB)", "peak_mib", "{:.2f}"),
             ("strategies built", "strategies", "{:.0f}")]
-    lines = [f"{'':<40}{'stock + repairs':>16}{'stack, none':>14}{'stack/stock':>13}"]
+    lines = [f"{'':<40}" + "".join(f"{names[side]:>17}" for side in order)
+             + "".join(f"{r:>13}" for r in ratios)]
     for title, key, fmt in rows:
-        a, b = med(stock, key), med(stack, key)
-        ratio = f"{b / a:.3f}" if a else "-"
-        lines.append(f"{title:<40}{fmt.format(a):>16}{fmt.format(b):>14}{ratio:>13}")
-    builds = sum(len(r["builds"]) for r in stock)
-    lines.append(f"({len(stock)} processes a side, run alternately; {builds} timed builds a side)")
+        values = [med(sides[side], key) for side in order]
+        cells = "".join(f"{fmt.format(v):>17}" for v in values)
+        cells += "".join(f"{values[-1] / v:>13.3f}" if v else f"{'-':>13}" for v in values[:-1])
+        lines.append(f"{title:<40}{cells}")
+    builds = sum(len(r["builds"]) for r in sides["stock"])
+    lines.append(f"({len(sides['stock'])} processes a side, run alternately; {builds} timed builds a side)")
     return lines
 
 
@@ -718,17 +725,19 @@ def run(checkout: Path, rev: str, stock: Env, stack: Env, patch_dir: Path, work:
         for mesh_name, (shape, _) in MESHES.items():
             mesh_text = "x".join(map(str, shape))
             log(f"\nstrategy building: the transformer block of test_optimize_placement.py, mesh {mesh_text}")
-            sides: dict[str, list[dict[str, Any]]] = {"stock": [], "stack": []}
+            sides: dict[str, list[dict[str, Any]]] = {"stock": [], "stack + repairs": [], "stack": []}
             for _ in range(rounds):
-                for side, env, tree in (("stock", stock, "as-is"), ("stack", stack, "all")):
+                for side, env, tree in (("stock", stock, "as-is"), ("stack + repairs", stack, "as-is"),
+                                        ("stack", stack, "all")):
                     args = ["timing", "--mesh", mesh_name, "--builds", str(builds)]
                     proc = worker(env, trees / tree, args, timeout)
                     lines = proc.stdout.strip().splitlines()
                     if proc.returncode != 0 or not lines:
-                        (logs / f"timing-{side}.log").write_text(proc.stdout + proc.stderr)
-                        raise DownstreamError(f"timing on {side} failed, see {logs / f'timing-{side}.log'}")
+                        log_path = logs / f"timing-{side.replace(' + ', '-')}.log"
+                        log_path.write_text(proc.stdout + proc.stderr)
+                        raise DownstreamError(f"timing on {side} failed, see {log_path}")
                     sides[side].append(json.loads(lines[-1]))
-            for line in timing_summary(sides["stock"], sides["stack"]):
+            for line in timing_summary(sides):
                 log(line)
             ratio = (statistics.median(b for r in sides["stack"] for b in r["builds"])
                      / statistics.median(b for r in sides["stock"] for b in r["builds"]))

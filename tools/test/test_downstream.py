@@ -216,9 +216,13 @@ class TestOutcomes(unittest.TestCase):
         self.assertEqual(ds.regressions(cells[0], cells[2]), ["t::c"])
         runs = [{"first": 2.0, "builds": [1.0, 3.0], "peak_mib": 1.0, "strategies": 10}]
         half = [{"first": 1.0, "builds": [0.5, 1.5], "peak_mib": 1.0, "strategies": 12}]
-        summary = ds.timing_summary(runs, half)
+        summary = ds.timing_summary({"stock": runs, "stack": half})
         self.assertRegex(summary[1], r"caches cleared \(s\)\s+2\.0000\s+1\.0000\s+0\.500$")
         self.assertRegex(summary[4], r"strategies built\s+10\s+12\s+1\.200$")
+        same = [{"first": 1.0, "builds": [0.25, 0.75], "peak_mib": 2.0, "strategies": 12}]
+        summary = ds.timing_summary({"stock": runs, "stack + repairs": same, "stack": half})
+        self.assertRegex(summary[0], r"stack \+ repairs\s+stack, none\s+stack/stock\s+none/repairs$")
+        self.assertRegex(summary[1], r"\(s\)\s+2\.0000\s+0\.5000\s+1\.0000\s+0\.500\s+2\.000$")
 
 
 class TestCommandLine(unittest.TestCase):

@@ -36,12 +36,12 @@ class TestViewShardingStrategies(LocalDTensorTestBase):
     @with_comms
     def test_dim_sharded_by_several_mesh_dims(self) -> None:
         """Each mesh dim divided the size alone: 8 rows on 2x2 ranks viewed as 2
-        rows, and 2 rows flattened, stayed sharded on both; the local view raised."""
-        mesh = init_device_mesh("cpu", (2, 2))
-        x = torch.randn(8, 4)
+        rows, 2 rows and 6 FSDP2+TP rows flattened stayed sharded; the view raised."""
+        mesh, x = init_device_mesh("cpu", (2, 2)), torch.randn(8, 4)
         with LocalTensorMode(frozenset(range(self.world_size))):
-            for t, shape in ((x, [2, 16]), (x[:2], [-1])):  # 2 rows flattened too
-                dt = distribute_tensor(t, mesh, [Shard(0), Shard(0)])
+            ss, ft = [Shard(0)] * 2, [_StridedShard(0, split_factor=2), Shard(0)]
+            for t, shape, p in ((x, [2, 16], ss), (x[:2], [-1], ss), (x[:6], [-1], ft)):
+                dt = distribute_tensor(t, mesh, ss).redistribute(mesh, p)
                 with self.assertRaisesRegex(RuntimeError, "redistribut"):
                     dt.view(shape)
                 with torch.inference_mode():
