@@ -221,19 +221,18 @@ def meta(t: torch.Tensor) -> TensorMeta:
 def held_spec(
     mesh: DeviceMesh, placements: tuple[Placement, ...], t: torch.Tensor
 ) -> DTensorSpec:
-    """A spec DTensor can hold: an even ``_StridedShard`` as a shard order (FSDP2+TP)
-    or a layout (not on 3-D meshes: slow to price), else ``Shard``."""
+    """A spec DTensor can hold: a ``_StridedShard`` as a shard order (FSDP2+TP, even
+    or not) or an even layout (not on 3-D meshes: slow to price), else ``Shard``."""
     spec = DTensorSpec(mesh, placements, tensor_meta=meta(t))
     if not any(isinstance(p, _StridedShard) for p in placements):
+        return spec
+    if DTensorSpec._maybe_convert_StridedShard_to_shard_order(placements, mesh):
         return spec
     strided = DTensorSpec(
         mesh, placements, tensor_meta=meta(t), use_strided_shard_as_shard_order=False
     )
-    if is_tensor_evenly_shardable(t.shape, strided):
-        if DTensorSpec._maybe_convert_StridedShard_to_shard_order(placements, mesh):
-            return spec
-        if mesh.ndim < 3:
-            return strided
+    if is_tensor_evenly_shardable(t.shape, strided) and mesh.ndim < 3:
+        return strided
     plain = tuple(
         Shard(p.dim) if isinstance(p, _StridedShard) else p for p in placements
     )
