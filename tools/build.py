@@ -255,10 +255,26 @@ class UpstreamTest:
     commit: str  # the pytorch/pytorch commit whose file the patch applies to
     hunks: str  # the patch's text from its first ``@@`` line on
 
-    def git_diff(self) -> str:
-        """The patch as a ``git apply``-able entry of a PR."""
+    def git_diff(self, only: Iterable[int] | None = None, applied: Iterable[int] = ()) -> str:
+        """The patch as a ``git apply``-able entry of a PR: all its hunks, or those ``only``, numbered for
+        the file as the hunks ``applied`` by earlier PRs leave it."""
         rel = self.patch.path
-        return f"diff --git a/{rel} b/{rel}\n--- a/{rel}\n+++ b/{rel}\n{self.hunks}"
+        body = self.hunks
+        if only is not None:
+            texts = re.split(r"(?m)^(?=@@ )", self.hunks)[1:]  # one per hunk, in order
+            chosen, done, out = set(only), set(applied), []
+            old_shift = new_shift = 0
+            for hunk, text in zip(self.patch.hunks, texts, strict=True):
+                delta = len(hunk.new_lines) - len(hunk.old_lines)
+                if hunk.index in chosen:
+                    start = hunk.old_start + old_shift
+                    out.append(f"@@ -{start},{len(hunk.old_lines)} +{start + new_shift},{len(hunk.new_lines)} @@"
+                               + text[text.index(" @@", 2) + 3:])
+                    new_shift += delta
+                elif hunk.index in done:
+                    old_shift += delta
+            body = "".join(out)
+        return f"diff --git a/{rel} b/{rel}\n--- a/{rel}\n+++ b/{rel}\n{body}"
 
 
 def parse_upstream_test(text: str, source: str) -> UpstreamTest:
@@ -383,6 +399,7 @@ class Step:
     run: tuple[str, ...]  # earlier test files to run at this step (stack.toml's `run`)
     tests: tuple[str, ...] = ()  # the test files check-stack runs at this step
     upstream_tests: tuple[str, ...] = ()  # upstream test files this step edits (exported only)
+    upstream_hunks: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)  # their hunks
 
     @property
     def name(self) -> str:
@@ -433,10 +450,12 @@ def load_stack(path: Path, change: Change) -> list[Step]:
         hunks: dict[str, set[int]] = {}
         new: list[str] = []
         upstream: list[str] = []
+        upstream_hunks: dict[str, frozenset[int]] = {}
         for item in files:
             rel, _, spec = item.partition("#")
-            if rel in change.patches:
-                count = len(change.patches[rel].hunks)
+            patched = {**{r: u.patch for r, u in change.upstream_tests.items()}, **change.patches}
+            if rel in patched:
+                count = len(patched[rel].hunks)
                 chosen = _hunk_set(spec, f"{where}: {item}") if spec else frozenset(range(1, count + 1))
                 if max(chosen) > count:
                     problems.append(f"{where}: {item}: patches/{rel}.patch has {count} hunk(s)")
@@ -444,24 +463,28 @@ def load_stack(path: Path, change: Change) -> list[Step]:
                     if (rel, h) in owner:
                         problems.append(f"{where}: hunk #{h} of {rel} is already in step {owner[rel, h]}")
                     owner[rel, h] = slug
-                hunks.setdefault(rel, set()).update(chosen)
-            elif (rel in change.new_files or rel in change.upstream_tests) and not spec:
+                if rel in change.patches:
+                    hunks.setdefault(rel, set()).update(chosen)
+                else:
+                    upstream.append(rel)
+                    upstream_hunks[rel] = chosen
+            elif rel in change.new_files and not spec:
                 if (rel, 0) in owner:
                     problems.append(f"{where}: {rel} is already in step {owner[rel, 0]}")
                 owner[rel, 0] = slug
-                (new if rel in change.new_files else upstream).append(rel)
+                new.append(rel)
             else:
                 problems.append(f"{where}: {item} is neither patched (patches/{rel}.patch) nor a new file "
-                                "under torch/, test/ or benchmarks/ (hunks can only be chosen from patches/torch/)")
+                                "under torch/, test/ or benchmarks/ (hunks are chosen only from patches/)")
         steps.append(Step(number, slug, title.strip(), {k: v.strip() for k, v in text.items()},
                           {r: frozenset(h) for r, h in hunks.items()}, tuple(new), tuple(run),
-                          upstream_tests=tuple(upstream)))
-    for rel, patch in sorted(change.patches.items()):
+                          upstream_tests=tuple(upstream), upstream_hunks=upstream_hunks))
+    patches = {**{r: u.patch for r, u in change.upstream_tests.items()}, **change.patches}
+    for rel, patch in sorted(patches.items()):
         missing = [h.index for h in patch.hunks if (rel, h.index) not in owner]
         if missing:
             problems.append(f"hunk(s) {', '.join(f'#{h}' for h in missing)} of {rel} are in no step")
-    problems += [f"{rel} is in no step" for rel in sorted({*change.new_files, *change.upstream_tests})
-                 if (rel, 0) not in owner]
+    problems += [f"{rel} is in no step" for rel in sorted(change.new_files) if (rel, 0) not in owner]
     if problems:
         raise BuildError(f"{path} does not place the change exactly once:\n  " + "\n  ".join(problems))
     return _assign_tests(path, steps)
@@ -640,7 +663,9 @@ def export_steps(change: Change, steps: Sequence[Step], originals: Mapping[str, 
         after = change.files(originals, *state_after(steps, k))
         diffs = {rel: file_diff(rel, before.get(rel), after[rel]) for rel in sorted(set(step.hunks) | set(step.new))
                  if before.get(rel) != after[rel]}
-        diffs.update({rel: change.upstream_tests[rel].git_diff() for rel in step.upstream_tests})
+        for rel in step.upstream_tests:
+            earlier = {h for s in steps[:k - 1] for h in s.upstream_hunks.get(rel, ())}
+            diffs[rel] = change.upstream_tests[rel].git_diff(step.upstream_hunks.get(rel), earlier)
         out.append(StepExport(step, diffs, render_text(step)))
         before.update(after)
     return out

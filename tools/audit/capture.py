@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import distribute_tensor, DTensor
+from torch.distributed.tensor import distribute_tensor, DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.distributed._tensor.strategy_contract import (
     registry,
     runtime_candidate,
@@ -291,11 +292,26 @@ def eager_error(
     """Why eager DTensor refuses ``op`` on DTensors placed as the first of
     ``candidates`` (in ``LocalTensorMode`` and inference mode, where composite
     ops reach dispatch as called), or None when it runs the call."""
-    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed._local_tensor import LocalTensor, LocalTensorMode, maybe_disable_local_tensor_mode
 
     def dtensor(x: torch.Tensor) -> DTensor:
-        data = torch.randn(x.shape).to(x.dtype)
-        return distribute_tensor(data, mesh, candidates(x, mesh)[0])
+        placements = candidates(x, mesh)[0]
+        with maybe_disable_local_tensor_mode():
+            data = torch.randn(x.shape).to(x.dtype)
+            if any(p.is_partial() for p in placements):
+                return distribute_tensor(data, mesh, placements)
+            # each rank's piece cut here: LocalTensorMode cannot chunk a tensor into
+            # lists whose length differs across ranks (nested uneven shards)
+            pieces = {}
+            for coord in itertools.product(*map(range, mesh.shape)):
+                local = data
+                for dim, p in enumerate(placements):
+                    if isinstance(p, Shard | _StridedShard):
+                        local = p._split_tensor(local, mesh.size(dim), with_padding=False)[0][coord[dim]]
+                pieces[int(mesh.mesh[coord])] = local.clone()
+        return DTensor.from_local(
+            LocalTensor(pieces), mesh, placements, run_check=False, shape=data.shape, stride=data.stride()
+        )
 
     with LocalTensorMode(frozenset(range(mesh.size()))), torch.inference_mode():
         try:
