@@ -126,9 +126,9 @@ class ManifestTest(fakes.FakeStockTest):
             ((TEST_TWO,), (), (TEST_TWO,)),
         ])
         cases = [
-            ([TEST_ONE], [TEST_TWO], f"{UPSTREAM_TEST} is in no step"),
-            ([TEST_ONE, UPSTREAM_TEST], [TEST_TWO, UPSTREAM_TEST], f"{UPSTREAM_TEST} is already in step one"),
-            ([TEST_ONE, f"{UPSTREAM_TEST}#1"], [TEST_TWO], "hunks can only be chosen from patches/torch/"),
+            ([TEST_ONE], [TEST_TWO], f"hunk(s) #1 of {UPSTREAM_TEST} are in no step"),
+            ([TEST_ONE, UPSTREAM_TEST], [TEST_TWO, UPSTREAM_TEST], f"hunk #1 of {UPSTREAM_TEST} is already in step one"),
+            ([TEST_ONE, f"{UPSTREAM_TEST}#2"], [TEST_TWO], f"{UPSTREAM_TEST}.patch has 1 hunk(s)"),
             ([TEST_ONE, TEST_TWO], [UPSTREAM_TEST], "step 2 (two) has no test file to run"),
         ]
         for one, two, message in cases:
@@ -190,6 +190,20 @@ class ExportTest(fakes.FakeStockTest):
             subprocess.run(["git", "apply", str(out / "stack" / name)], cwd=tree, check=True)
         self.assertEqual((tree / UPSTREAM_TEST).read_text(), fakes.upstream_test_edit(3, 7))
         self.assertEqual((tree / UTILS).read_text(), fakes.utils_edit(1, 10, 18))
+
+    def test_exports_an_upstream_test_edit_split_over_steps(self) -> None:
+        """Each step exports its hunks of the edit, numbered for the file the steps before it leave."""
+        root, out, log = two_step_repo(self.tmp / "repo"), self.tmp / "dist", fakes.Log()
+        mid = UPSTREAM_TEST_TEXT.replace("    assert 3 >= 0\n", "", 1)  # a line fewer before hunk 2
+        final = mid.replace("    assert 7 >= 0\n", "    assert 7 < 100\n", 1)
+        (root / "tools" / "stack.toml").write_text(
+            step_toml("one", [f"{UTILS}#1", MODULE, TEST_ONE, f"{UPSTREAM_TEST}#1"])
+            + step_toml("two", [f"{UTILS}#2-3", TEST_TWO, f"{UPSTREAM_TEST}#2"]))
+        fakes.write_upstream_test(root, final)
+        self.assertEqual(bt.export(root, self.stock, out, log), 0, log.text)
+        for name, old, new in (("0001-one.patch", UPSTREAM_TEST_TEXT, mid), ("0002-two.patch", mid, final)):
+            entry = f"diff --git a/{UPSTREAM_TEST} b/{UPSTREAM_TEST}\n" + fakes.make_patch(UPSTREAM_TEST, old, new)
+            self.assertIn(entry, (out / "stack" / name).read_text())
 
     def test_fails_on_size_rules(self) -> None:
         cases = [
