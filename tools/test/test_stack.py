@@ -91,7 +91,7 @@ class ManifestTest(fakes.FakeStockTest):
             ([UTILS, TEST_ONE], [f"{UTILS}#4", TEST_TWO], "utils.py.patch has 3 hunk(s)"),
             ([UTILS, TEST_ONE], [TEST_TWO, TEST_ONE], f"{TEST_ONE} is already in step one"),
             ([UTILS, TEST_ONE], [TEST_TWO, "torch/x.py"], "torch/x.py is neither patched"),
-            ([UTILS, TEST_ONE, f"{TEST_TWO}#1"], [TEST_TWO], "hunks can only be chosen from patches"),
+            ([UTILS, TEST_ONE, f"{TEST_TWO}#1"], [TEST_TWO], "hunks are chosen only from patches/"),
             ([UTILS, TEST_ONE], [TEST_TWO, f"{UTILS}#2-x"], "bad hunk range '2-x'"),
         ]
         for one, two, message in cases:
