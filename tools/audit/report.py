@@ -28,7 +28,8 @@ LEGEND = {
     "input placements (runtime: the one sharded candidate; planner: the first candidate, all-Replicate) "
     "or raises another type or reason, the query raised an internal error, or it timed out",
     "refused": "a query raised its mode's refusal type (NotImplementedError; as dispatch asks, also a "
-    "RuntimeError) and eager DTensor, asked the same call on the same placements, raises that type with "
+    "RuntimeError, shape inference's data-dependent ones included) and eager DTensor, asked the same call "
+    "on the same placements, raises that type with "
     "the same message; or the op itself rejects the call on plain tensors and eager DTensor raises too; "
     "or a NotImplementedError for a composite op, which dispatch decomposes instead. A right answer, "
     "unless stock's runtime answers the same call (listed as a new refusal, fails --strict)",
@@ -48,6 +49,14 @@ LEGEND = {
 #: asked as dispatch asks, a rule refusing the placement. An internal error never is one.
 REFUSAL_TYPES = {"planner": ("NotImplementedError",), "runtime": ("NotImplementedError", "RuntimeError"),
                  "utility": ("NotImplementedError", "RuntimeError")}
+
+
+def typed_error(exc: BaseException, mode: str) -> str:
+    """``Type: message`` of a query's raise, typed as the nearest of ``mode``'s refusal types it derives from:
+    dispatch reports the RuntimeErrors of shape inference (a data-dependent shape) as RuntimeError with their
+    message. An internal error keeps its own type."""
+    kind = next((t.__name__ for t in type(exc).__mro__ if t.__name__ in REFUSAL_TYPES[mode]), type(exc).__name__)
+    return f"{kind}: {' '.join(str(exc).split())}"
 
 
 def raised_category(mode: str, decomposes: bool, eager_refusal: str | None, error: str = "",
@@ -255,7 +264,8 @@ def render(report: dict[str, Any]) -> str:
         "A runtime or planner query that raises is judged against eager DTensor: the same call on DTensors "
         "placed as the query's first candidate, run in `LocalTensorMode` (`eager_error` in "
         "`tools/audit/capture.py`). The query is refused (a right answer) where it raised its mode's refusal "
-        "type (`NotImplementedError`; as dispatch asks, also a rule's `RuntimeError`) and eager DTensor "
+        "type (`NotImplementedError`; as dispatch asks, also a rule's `RuntimeError` or shape inference's "
+        "data-dependent one, which dispatch reports as `RuntimeError`) and eager DTensor "
         "raises that type with the same message, or where the op itself rejects the call on plain tensors "
         "and eager DTensor raises too; otherwise its raise is an error, an internal error (`KeyError`, "
         "`AssertionError`, ...) always.",

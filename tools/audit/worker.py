@@ -39,7 +39,7 @@ from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
 
 from tools.audit import extend
-from tools.audit.report import CATEGORIES, CLAUSES, MESHES, MODES, clauses, raised_category
+from tools.audit.report import CATEGORIES, CLAUSES, MESHES, MODES, clauses, raised_category, typed_error
 
 CHECKER = Path(__file__).resolve().parents[2] / "torch/testing/_internal/distributed/_tensor/strategy_contract.py"
 CAPTURE = Path(__file__).resolve().with_name("capture.py")
@@ -324,7 +324,7 @@ def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, exp
         refusal = eager[key]
         verdict = f"eager DTensor also raises {refusal}" if refusal else "eager DTensor runs the call"
         text = f"{message(e)} [{verdict}]"
-        error = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        error = typed_error(e, mode)
         category = raised_category(mode, False, refusal, error, refusal is not None and op_rejects(checker, call, mesh))
         return category, text[: 2 * MESSAGE_CHARS], set()
     finally:

@@ -96,6 +96,20 @@ class TestRaisedQueries(unittest.TestCase):
         self.assertEqual(report.raised_category("runtime", False, "IndexError: out of range", "IndexError: out",
                                                 op_rejects=True), "refused")
 
+    def test_a_data_dependent_shape_is_typed_as_dispatch_reports_it(self) -> None:
+        class DataDependentOutputException(RuntimeError):  # shape inference's, a RuntimeError
+            pass
+
+        raised = DataDependentOutputException("aten._local_scalar_dense.default")
+        eager = "RuntimeError: aten._local_scalar_dense.default Sharding propagation failed for aten.item.default"
+        error = report.typed_error(raised, "runtime")
+        self.assertEqual(error, "RuntimeError: aten._local_scalar_dense.default")
+        self.assertEqual(report.raised_category("runtime", False, eager, error), "refused")
+        # a planner's refusal is NotImplementedError only; an internal error keeps its type
+        self.assertEqual(report.typed_error(raised, "planner"), "DataDependentOutputException: " + str(raised))
+        self.assertEqual(report.typed_error(KeyError(1), "runtime"), "KeyError: 1")
+        self.assertEqual(report.typed_error(NotImplementedError("x"), "runtime"), "NotImplementedError: x")
+
     def test_a_composite_op_dispatch_decomposes_is_refused(self) -> None:
         self.assertEqual(report.raised_category("runtime", True, None), "refused")
         self.assertEqual(report.raised_category("planner", True, None), "refused")

@@ -7,6 +7,7 @@ import contextlib
 import io
 
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.placement_types import _StridedShard, Partial, Shard
 from torch.testing._internal.common_utils import run_tests
@@ -43,8 +44,7 @@ class TestStrategyValidationContract(LocalDTensorTestBase):
 
     @with_comms
     def test_refusals_agree_only_with_their_reason(self) -> None:
-        """Any two errors of one type agreed before, so a ``KeyError`` in the query
-        and in eager DTensor passed."""
+        """The same type and message, or shape inference's, never an internal error."""
         missing, other = (
             NotImplementedError(f"Operator aten.{x} has none") for x in "xy"
         )
@@ -56,6 +56,8 @@ class TestStrategyValidationContract(LocalDTensorTestBase):
         refused = RuntimeError("Attempted to unbind along the sharded dimension 0.")
         self.assertTrue(checks.refused_alike(refused, RuntimeError(refused), False))
         self.assertFalse(checks.refused_alike(refused, RuntimeError(refused), True))
+        shape = DataDependentOutputException(torch.ops.aten.item.default)
+        self.assertTrue(checks.refused_alike(shape, RuntimeError(f"{shape}\n"), False))
 
 
 if __name__ == "__main__":
