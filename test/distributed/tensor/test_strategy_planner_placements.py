@@ -185,33 +185,22 @@ def decomposed(draw: st.DrawFn) -> Call:
     if kind == "glu":
         return Call(aten.glu.default, (randn(*dims[:-1], 2 * dims[-1]), -1), {})
     if kind == "mse_loss":
-        return Call(
-            aten.mse_loss.default, (x, randn(*dims), draw(st.integers(0, 2))), {}
-        )
+        reduction = draw(st.integers(0, 2))
+        return Call(aten.mse_loss.default, (x, randn(*dims), reduction), {})
     if kind == "trace":
         return Call(aten.trace.default, (randn(*dims[:1], draw(SIZES)),), {})
     return Call(aten.softmax.int, (x, draw(st.integers(0, x.dim() - 1))), {})
 
 
 @st.composite
-def placements(
-    draw: st.DrawFn, mesh: DeviceMesh, t: torch.Tensor
-) -> tuple[Placement, ...]:
-    reduce_op = draw(st.sampled_from(("sum", "avg", "max", "min")))
-    kinds = ["R"] + ["S", "SS"] * bool(t.dim()) + ["P"] * t.is_floating_point()
-    out: list[Placement] = []
-    for _ in range(mesh.ndim):
-        kind = draw(st.sampled_from(kinds))
-        if kind == "R":
-            out.append(Replicate())
-        elif kind == "P":
-            out.append(Partial(reduce_op))
-        else:
-            dim = draw(st.integers(0, t.dim() - 1))
-            sf = draw(st.sampled_from((2, 4)))
-            shard = Shard(dim) if kind == "S" else _StridedShard(dim, split_factor=sf)
-            out.append(shard)
-    return tuple(out)
+def placements(draw: st.DrawFn, mesh: DeviceMesh, t: torch.Tensor) -> tuple:
+    reduce_op = draw(st.sampled_from(("sum", "avg", "max", "min")))  # one per tensor
+    dims, factors = st.integers(0, max(t.dim() - 1, 0)), st.sampled_from((2, 4))
+    strided = st.builds(_StridedShard, dims, split_factor=factors)
+    shards = [st.builds(Shard, dims), strided]
+    options = [st.just(Replicate())] + shards * bool(t.dim())
+    options += [st.just(Partial(reduce_op))] * t.is_floating_point()
+    return tuple(draw(st.one_of(options)) for _ in range(mesh.ndim))
 
 
 def meta(t: torch.Tensor) -> TensorMeta:
@@ -267,8 +256,6 @@ def local_shards(t: torch.Tensor, mesh: DeviceMesh, spec: DTensorSpec) -> LocalT
             if isinstance(p, Shard | _StridedShard):
                 local = p._split_tensor(local, mesh.size(dim), with_padding=False)[0]
                 local = local[coord[dim]]
-            elif isinstance(p, Partial) and p.reduce_op == "product":
-                local = local if coord[dim] == 0 else torch.ones_like(local)
             elif isinstance(p, Partial) and local.numel():
                 split = _create_partial_input(local, p, mesh.size(dim), dim)
                 local = split._local_tensors[coord[dim]]
