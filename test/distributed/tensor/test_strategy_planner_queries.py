@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_map_only
 
 aten, X, Y = torch.ops.aten, torch.randn(8, 4), torch.randn(4, 8)
 R2 = (Replicate(),) * 2
+PLANNER = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
 
 
 def candidates(t: torch.Tensor, mesh: DeviceMesh, *placements: object) -> OpStrategy:
@@ -36,9 +37,6 @@ def candidates(t: torch.Tensor, mesh: DeviceMesh, *placements: object) -> OpStra
     meta = TensorMeta(t.shape, t.stride(), t.dtype)
     tuples = [p if isinstance(p, tuple) else (p,) for p in placements]
     return OpStrategy([OpSpec(DTensorSpec(mesh, p, tensor_meta=meta)) for p in tuples])
-
-
-PLANNER = DTensor._op_dispatcher.sharding_propagator.enumerate_strategies
 
 
 def ask(op: torch._ops.OpOverload, *args: object) -> OpStrategy:
@@ -60,8 +58,7 @@ def offered(strategy: OpStrategy) -> set[tuple]:
 class TestPlannerQueries(LocalDTensorTestBase):
     @with_comms
     def test_the_answer_does_not_depend_on_repeated_candidates(self) -> None:
-        """Single-dim expansion asserted on more than one candidate per input, and
-        offered no ``Shard`` where no candidate held one."""
+        """Single-dim expansion asserted on several candidates, offered no unheld Shard."""
         mesh = init_device_mesh("cpu", (4,))
         y = candidates(Y, mesh, Replicate())
         for op, first, rest in [
@@ -139,8 +136,12 @@ class TestPlannerQueries(LocalDTensorTestBase):
         layout = OpStrategy([OpSpec(replace(x.strategies[1].output_spec, **read))])
         for s in ask(aten.view.default, layout, [32]).strategies:
             self.assertIs(s.input_specs[0].use_strided_shard_as_shard_order, False)
-        added = offered(ask(aten.add.Tensor, candidates(X, mesh, R2), x))
-        self.assertIn(fsdp_tp, {ins[0] for _, ins in added})  # asked what x holds
+        held = OpStrategy([x.strategies[0], *layout.strategies])  # a later candidate
+        added = ask(aten.add.Tensor, candidates(X, mesh, R2), held).strategies
+        specs = [t for s in added for t in (s.output_spec, *s.input_specs)]
+        strided = [t for t in specs if t.placements == fsdp_tp]  # asked what x holds
+        read_as_held = {t.use_strided_shard_as_shard_order for t in strided}
+        self.assertEqual(read_as_held, {False})  # by every spec built from it
         for op, args, held in [  # no made-up layout; argmax keeps no _StridedShard
             (aten.gelu.default, (x,), fsdp_tp),
             (aten.view.default, (x, [2, 16]), fsdp_tp),
@@ -165,8 +166,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
 
     @with_comms
     def test_no_sharding_eager_computes_wrongly(self) -> None:
-        """Offered before: uneven ``mse_loss`` into ``Partial("avg")`` (NaN), a wrong
-        ``flatten`` split factor, ``view_copy`` into more shards than a dim has."""
+        """Uneven mse_loss to Partial("avg"), flatten's split factor, view_copy's shards."""
         mesh, s00 = init_device_mesh("cpu", (2, 2)), (Shard(0), Shard(0))
         avg = (Partial("avg"),) * 2
         for op, t, args, wrong in [
