@@ -256,6 +256,8 @@ def local_shards(t: torch.Tensor, mesh: DeviceMesh, spec: DTensorSpec) -> LocalT
             if isinstance(p, Shard | _StridedShard):
                 local = p._split_tensor(local, mesh.size(dim), with_padding=False)[0]
                 local = local[coord[dim]]
+            elif isinstance(p, Partial) and p.reduce_op == "product":
+                local = local if coord[dim] == 0 else torch.ones_like(local)
             elif isinstance(p, Partial) and local.numel():
                 split = _create_partial_input(local, p, mesh.size(dim), dim)
                 local = split._local_tensors[coord[dim]]

@@ -45,9 +45,7 @@ class TestStrategyValidationContract(LocalDTensorTestBase):
     @with_comms
     def test_refusals_agree_only_with_their_reason(self) -> None:
         """The same type and message, or shape inference's, never an internal error."""
-        missing, other = (
-            NotImplementedError(f"Operator aten.{x} has none") for x in "xy"
-        )
+        missing, other = (NotImplementedError(f"aten.{x} has none") for x in "xy")
         self.assertTrue(
             checks.refused_alike(missing, NotImplementedError(missing), True)
         )
