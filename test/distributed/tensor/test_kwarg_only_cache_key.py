@@ -129,18 +129,6 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
         finally:
             del propagator.op_strategy_funcs[op], propagator.op_to_schema_info[op]
 
-    @with_comms
-    def test_decomposition_sees_tensor_lists_from_the_first_call(self) -> None:
-        op, mesh = aten._unsafe_masked_index.default, self.build_device_mesh()
-        for o in (op, aten._unsafe_index.Tensor):  # as never called: there it raised
-            DTensor._op_dispatcher.sharding_propagator.op_to_schema_info.pop(o, None)
-        x, mask, i = torch.randn(5, 5), torch.rand(5, 5) > 0.5, torch.arange(5)
-        idx = [i[:, None], i.flip(0)[None]]
-        with LocalTensorMode(frozenset(range(self.world_size))):
-            d = [distribute_tensor(t, mesh, [Shard(0)]) for t in (x, mask, *idx)]
-            got = op(d[0], d[1], d[2:], 0.5).full_tensor()
-        self.assertEqual(got, op(x, mask, idx, 0.5))
-
 
 @torch.library.custom_op("dtensor_kwarg_test::add_all", mutates_args=())
 def add_all(xs: list[torch.Tensor]) -> torch.Tensor:
