@@ -1,13 +1,13 @@
 # Owner(s): ["oncall: distributed"]
 """Redistribution costs: rows kept across planner queries (a model's layers repeat
 them) until the sharding caches are cleared, never read under another plan
-setting, and nothing for a ``_StridedShard`` against its own placements."""
+setting, nothing for a ``_StridedShard`` to itself, no Partial("product") made."""
 
 from unittest import mock
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._collective_utils import redistribute_cost
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._ops import utils
@@ -80,9 +80,9 @@ class TestStrategyCostRows(LocalDTensorTestBase):
                 self.assertEqual(warm, rows())
 
     @with_comms
-    def test_strided_shard_costs_nothing_to_itself(self) -> None:
-        """Read as a shard order (FSDP2 with TP's) and as a strided layout (a
-        view's), one ``_StridedShard`` placement was priced at ``inf``."""
+    def test_strided_shard_to_itself_and_replicate_to_product(self) -> None:
+        """A ``_StridedShard`` read as a shard order (FSDP2 with TP's) and as a layout
+        (a view's) cost ``inf`` to itself; Replicate to Partial("product") cost 0."""
         mesh, x = init_device_mesh("cpu", (2, 2)), torch.randn(8, 4)
         meta = TensorMeta(x.shape, x.stride(), x.dtype)
         placements = (_StridedShard(0, split_factor=2), Shard(0))
@@ -90,6 +90,9 @@ class TestStrategyCostRows(LocalDTensorTestBase):
         layout = DTensorSpec(mesh, placements, meta, None, False)  # not an order
         self.assertEqual(redistribute_cost(order, layout), 0.0)
         self.assertEqual(redistribute_cost(layout, order), 0.0)
+        rep = DTensorSpec(mesh, (Replicate(),) * 2, meta)
+        product = DTensorSpec(mesh, (Partial("product"),) * 2, meta)  # no partition
+        self.assertEqual(redistribute_cost(rep, product), float("inf"))
 
 
 if __name__ == "__main__":

@@ -86,9 +86,8 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
 
     @with_comms
     def test_attention(self) -> None:
-        """Forward and backward meet the contract. The results eager DTensor returns
-        as local tensors (RNG seeds and offsets, flash's ``unused``) are ``None`` in
-        the output specs and their metas are in ``local_output_metas``."""
+        """Forward and backward meet the contract; rank-local results (RNG seeds and
+        offsets, flash's ``unused``) are ``None`` with metas in local_output_metas."""
         for shape, (name, args) in itertools.product(MESHES, ATTENTION.items()):
             mesh = init_device_mesh("cpu", shape)
             prefix = f"_scaled_dot_product_{name}_attention"
