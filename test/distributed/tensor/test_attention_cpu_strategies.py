@@ -51,6 +51,24 @@ class TestAttentionCpuStrategies(LocalDTensorTestBase):
             out = F.scaled_dot_product_attention(d6, d6, d6).full_tensor()
         self.assertEqual(out, F.scaled_dot_product_attention(q6, q6, q6))
 
+    @with_comms
+    def test_mask_is_used_as_held(self) -> None:
+        """Dispatch does not redistribute a keyword argument: q sharded on heads with
+        a key-padding mask held sharded on batch ran on each rank's piece, wrongly."""
+        mesh, q, mask = (
+            self.build_device_mesh(),
+            torch.randn(4, 4, 8, 16),
+            torch.randn(4, 1, 1, 8),
+        )
+        with LocalTensorMode(frozenset(range(self.world_size))):
+            dq = distribute_tensor(q, mesh, [Shard(1)])
+            dmask = distribute_tensor(mask, mesh, [Shard(0)])
+            out = F.scaled_dot_product_attention(dq, dq, dq, attn_mask=dmask)
+            self.assertEqual(
+                out.full_tensor(),
+                F.scaled_dot_product_attention(q, q, q, attn_mask=mask),
+            )
+
 
 if __name__ == "__main__":
     run_tests()

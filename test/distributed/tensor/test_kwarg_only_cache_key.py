@@ -9,13 +9,12 @@ from torch.distributed.tensor._ops.utils import (
     replicate_op_strategy,
 )
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
     with_comms,
 )
-from torch.utils._pytree import tree_leaves, tree_map_only
+from torch.utils._pytree import tree_leaves
 
 
 aten = torch.ops.aten
@@ -81,39 +80,6 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
         self.assertEqual(propagator.propagate_op_sharding.cache_info().hits, 2)
 
     @with_comms
-    def test_opinfo_samples_with_a_warm_cache(self) -> None:
-        """Samples of ops with kwarg-only arguments, in place and with ``out=``, one
-        after another: each result's spec has its local tensor's shape and stride."""
-        mesh, checked = self.build_device_mesh(), 0
-
-        def dtensor(t: torch.Tensor) -> DTensor:
-            return distribute_tensor(t.clone(), mesh, [Replicate()])
-
-        _clear_sharding_prop_cache()
-        for opinfo in (o for o in op_db if o.name in KWARG_ONLY_OPINFOS):
-            for sample in opinfo.sample_inputs("cpu", torch.float32):
-                variants = [(opinfo.op, {}), (opinfo.inplace_variant, {})]
-                if opinfo.supports_out:
-                    want = opinfo.op(sample.input, *sample.args, **sample.kwargs)
-                    out = tree_map_only(torch.Tensor, torch.empty_like, want)
-                    variants.append((opinfo.op, {"out": out}))
-                for fn, out in (v for v in variants if v[0] is not None):
-                    call = ((sample.input, *sample.args), {**sample.kwargs, **out})
-                    with LocalTensorMode(frozenset(range(self.world_size))):
-                        args, kwargs = tree_map_only(torch.Tensor, dtensor, call)
-                        try:
-                            results = fn(*args, **kwargs)
-                        except RuntimeError:
-                            continue  # the op rejects the in-place or out= call
-                    for r in tree_leaves(results):
-                        if isinstance(r, DTensor):
-                            local = r._local_tensor
-                            got = (r.shape, r.stride())
-                            self.assertEqual(got, (local.shape, local.stride()))
-                            checked += 1
-        self.assertGreater(checked, 100)
-
-    @with_comms
     def test_registration_flattens_tensor_lists(self) -> None:
         """A rule registered without ``needs_pytree`` for an op taking a tensor list
         saw none of the list's DTensors; registration reads it from the schema."""
@@ -136,11 +102,6 @@ def add_all(xs: list[torch.Tensor]) -> torch.Tensor:
 
 
 add_all.register_fake(lambda xs: torch.empty_like(xs[0]))
-
-
-# OpInfos of ops with kwarg-only arguments that change a result's metadata.
-KWARG_ONLY_OPINFOS = {"clone", "contiguous", "sum", "cumsum", "div", "bucketize"}
-KWARG_ONLY_OPINFOS |= {"ones_like", "zeros_like", "full_like"}
 
 
 if __name__ == "__main__":
