@@ -82,14 +82,18 @@ class TestStrategyCostRows(LocalDTensorTestBase):
     @with_comms
     def test_strided_shard_to_itself_and_replicate_to_product(self) -> None:
         """A ``_StridedShard`` read as a shard order (FSDP2 with TP's) and as a layout
-        (a view's) cost ``inf`` to itself; Replicate to Partial("product") cost 0."""
+        (a view's) costs nothing where both readings are one layout; no Replicate
+        becomes Partial("product")."""
         mesh, x = init_device_mesh("cpu", (2, 2)), torch.randn(8, 4)
-        meta = TensorMeta(x.shape, x.stride(), x.dtype)
-        placements = (_StridedShard(0, split_factor=2), Shard(0))
-        order = DTensorSpec(mesh, placements, tensor_meta=meta)
-        layout = DTensorSpec(mesh, placements, meta, None, False)  # not an order
-        self.assertEqual(redistribute_cost(order, layout), 0.0)
-        self.assertEqual(redistribute_cost(layout, order), 0.0)
+        mesh3 = DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), _init_backend=False)
+        strided = (_StridedShard(0, split_factor=4), _StridedShard(0, split_factor=2))
+        for m, rows, free in ((mesh, 8, True), (mesh3, 8, True), (mesh3, 6, False)):
+            meta = TensorMeta(torch.Size([rows, 4]), (4, 1), x.dtype)  # 6: they differ
+            placements = strided[3 - m.ndim :] + (Shard(0),)
+            order = DTensorSpec(m, placements, tensor_meta=meta)
+            layout = DTensorSpec(m, placements, meta, None, False)  # not an order
+            self.assertEqual(redistribute_cost(order, layout) == 0.0, free)
+            self.assertEqual(redistribute_cost(layout, order) == 0.0, free)
         rep = DTensorSpec(mesh, (Replicate(),) * 2, meta)
         product = DTensorSpec(mesh, (Partial("product"),) * 2, meta)  # no partition
         self.assertEqual(redistribute_cost(rep, product), float("inf"))
