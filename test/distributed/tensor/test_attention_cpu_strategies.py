@@ -54,20 +54,19 @@ class TestAttentionCpuStrategies(LocalDTensorTestBase):
     @with_comms
     def test_mask_is_used_as_held(self) -> None:
         """Dispatch does not redistribute a keyword argument: q sharded on heads with
-        a key-padding mask held sharded on batch ran on each rank's piece, wrongly."""
-        mesh, q, mask = (
-            self.build_device_mesh(),
-            torch.randn(4, 4, 8, 16),
-            torch.randn(4, 1, 1, 8),
-        )
-        with LocalTensorMode(frozenset(range(self.world_size))):
-            dq = distribute_tensor(q, mesh, [Shard(1)])
-            dmask = distribute_tensor(mask, mesh, [Shard(0)])
-            out = F.scaled_dot_product_attention(dq, dq, dq, attn_mask=dmask)
-            self.assertEqual(
-                out.full_tensor(),
-                F.scaled_dot_product_attention(q, q, q, attn_mask=mask),
-            )
+        a key-padding mask held sharded on batch ran on each rank's piece, wrongly;
+        with a mask held sharded on query rows it had no strategy (q's rows have)."""
+        mesh, q = self.build_device_mesh(), torch.randn(4, 4, 8, 16, requires_grad=True)
+        for mask in (torch.randn(4, 1, 1, 8), torch.randn(8, 8)):
+            expected = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            (grad,) = torch.autograd.grad(expected.sum(), q)
+            with LocalTensorMode(frozenset(range(self.world_size))):
+                dq = distribute_tensor(q.detach(), mesh, [Shard(1)]).requires_grad_()
+                dmask = distribute_tensor(mask, mesh, [Shard(0)])
+                out = F.scaled_dot_product_attention(dq, dq, dq, attn_mask=dmask)
+                self.assertEqual(out.full_tensor(), expected)
+                (dgrad,) = torch.autograd.grad(out.sum(), dq)
+                self.assertEqual(dgrad.full_tensor(), grad)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,13 @@ from unittest import mock
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import (
+    distribute_tensor,
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+)
 from torch.distributed.tensor._collective_utils import redistribute_cost
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._ops import utils
@@ -97,6 +103,14 @@ class TestStrategyCostRows(LocalDTensorTestBase):
         rep = DTensorSpec(mesh, (Replicate(),) * 2, meta)
         product = DTensorSpec(mesh, (Partial("product"),) * 2, meta)  # no partition
         self.assertEqual(redistribute_cost(rep, product), float("inf"))
+
+    @with_comms
+    def test_rows_shared_for_symbolic_shapes(self) -> None:
+        """An expansion shares rows by placements: symbolic specs cannot be hashed."""
+        mesh = init_device_mesh("cpu", (2, 2))
+        x = distribute_tensor(torch.randn(16, 8), mesh, [Shard(0), Replicate()])
+        relu = torch.compile(torch.relu, backend="aot_eager", dynamic=True)
+        self.assertEqual(relu(x).full_tensor(), x.full_tensor().relu())
 
 
 if __name__ == "__main__":
