@@ -105,12 +105,15 @@ class TestStrategyCostRows(LocalDTensorTestBase):
         self.assertEqual(redistribute_cost(rep, product), float("inf"))
 
     @with_comms
-    def test_rows_shared_for_symbolic_shapes(self) -> None:
-        """An expansion shares rows by placements: symbolic specs cannot be hashed."""
+    def test_symbolic_shapes_keep_sharding(self) -> None:
+        """Symbolic specs key no cache: an expansion shares rows by placements, and the
+        decomposition path (hardswish) leaves its local-shape check out for them."""
         mesh = init_device_mesh("cpu", (2, 2))
         x = distribute_tensor(torch.randn(16, 8), mesh, [Shard(0), Replicate()])
-        relu = torch.compile(torch.relu, backend="aot_eager", dynamic=True)
-        self.assertEqual(relu(x).full_tensor(), x.full_tensor().relu())
+        for fn in (torch.relu, torch.nn.functional.hardswish):
+            out = torch.compile(fn, backend="aot_eager", dynamic=True)(x)
+            self.assertEqual(out.placements, x.placements)
+            self.assertEqual(out.full_tensor(), fn(x.full_tensor()))
 
 
 if __name__ == "__main__":
