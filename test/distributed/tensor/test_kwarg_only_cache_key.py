@@ -81,8 +81,8 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
 
     @with_comms
     def test_registration_flattens_tensor_lists(self) -> None:
-        """A rule registered without ``needs_pytree`` for an op taking a tensor list
-        saw none of the list's DTensors; registration reads it from the schema."""
+        """A rule registered without ``needs_pytree`` for a tensor-list op, and a
+        decomposed op's first call, saw none of the list's DTensors."""
         op = torch.ops.dtensor_kwarg_test.add_all.default
         propagator = DTensor._op_dispatcher.sharding_propagator
         register_op_strategy(op)(replicate_op_strategy)
@@ -94,6 +94,10 @@ class TestKwargOnlyCacheKey(LocalDTensorTestBase):
                 self.assertEqual(op(dxs).full_tensor(), x + x)
         finally:
             del propagator.op_strategy_funcs[op], propagator.op_to_schema_info[op]
+        propagator.op_to_schema_info.pop(umi := aten._unsafe_masked_index.default, None)
+        with LocalTensorMode(frozenset(range(self.world_size))):  # a first call
+            d = [distribute_tensor(t, mesh) for t in (x < 9, torch.arange(4))]
+            self.assertEqual(umi(dxs[0], d[0], [d[1]], 0.0).full_tensor(), x)
 
 
 @torch.library.custom_op("dtensor_kwarg_test::add_all", mutates_args=())

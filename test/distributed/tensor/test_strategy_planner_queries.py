@@ -1,8 +1,8 @@
 # Owner(s): ["oncall: distributed"]
-"""A planner asks ``ShardingPropagator.enumerate_strategies`` for every strategy of
-an op whose inputs each hold several candidate placements, without output metas."""
+"""A planner's query: every strategy of an op whose inputs hold several candidates."""
 
 from dataclasses import replace
+from functools import partial
 from unittest import mock
 
 import torch
@@ -46,13 +46,8 @@ def ask(op: torch._ops.OpOverload, *args: object) -> OpStrategy:
 
 def offered(strategy: OpStrategy) -> set[tuple]:
     """What a planner reads from an answer: each ``OpSpec``'s placements."""
-    return {
-        (
-            tree_map_only(DTensorSpec, lambda o: o.placements, s.output_specs),
-            tuple(spec.placements for spec in s.input_specs),
-        )
-        for s in strategy.strategies
-    }
+    read = partial(tree_map_only, DTensorSpec, lambda o: o.placements)
+    return {(read(s.output_specs), *read(s.input_specs)) for s in strategy.strategies}
 
 
 class TestPlannerQueries(LocalDTensorTestBase):
@@ -73,7 +68,7 @@ class TestPlannerQueries(LocalDTensorTestBase):
             for n in (1, 2):
                 self.assertEqual(offered(answers[0]), offered(answers[n]), str(op))
         mm = ask(aten.mm.default, candidates(X, mesh, Replicate()), y)
-        self.assertIn((Shard(0),), {out for out, _ in offered(mm)})
+        self.assertIn((Shard(0),), {out for out, *_ in offered(mm)})
         x = candidates(torch.randn(3, 4), mesh, Replicate(), Shard(0))  # 3 rows: uneven
         flipped = OpStrategy(x.strategies[::-1])  # only the first was judged, before
         for op, arg in [(aten.sum.dim_IntList, [1]), (aten.add_.Tensor, x)]:
@@ -106,14 +101,14 @@ class TestPlannerQueries(LocalDTensorTestBase):
         """No strategy where dispatch has none; malformed candidates raised in rules."""
         mesh, x = init_device_mesh("cpu", (4,)), torch.randn(3, 8)
         for op, args in [
-            (aten.reflection_pad1d.default, lambda t: (t, [1, 1])),
-            (aten.block_diag.default, lambda t: ([t, t],)),
+            (aten.reflection_pad1d.default, lambda t, _: (t, [1, 1])),
+            (aten.block_diag.default, lambda t, tensors: (tensors([t, t]),)),
         ]:
             with self.assertRaisesRegex(NotImplementedError, f"{op} does not have"):
-                ask(op, *args(candidates(x, mesh, Replicate())))
+                ask(op, *args(candidates(x, mesh, Replicate()), TupleStrategy))
             with LocalTensorMode(frozenset(range(self.world_size))):
-                dx = distribute_tensor(x, mesh, [Replicate()])
-                self.assertRaisesRegex(NotImplementedError, "strategy", op, *args(dx))
+                dargs = args(distribute_tensor(x, mesh, [Replicate()]), list)
+                self.assertRaisesRegex(NotImplementedError, "strategy", op, *dargs)
         with self.assertRaisesRegex(NotImplementedError, "data-dependent output"):
             ask(aten.argwhere.default, candidates(x, mesh, Replicate()))
         no_meta = OpStrategy([OpSpec(DTensorSpec(mesh, (Replicate(),)))])
@@ -121,6 +116,8 @@ class TestPlannerQueries(LocalDTensorTestBase):
         for x in [*bad, X, candidates(X, mesh, Shard(2)), candidates(X, mesh, R2)]:
             with self.assertRaisesRegex(ValueError, "view.default.*tensor input 0"):
                 ask(aten.view.default, x, [32])
+        with self.assertRaisesRegex(ValueError, "stack.default.*TupleStrategy"):
+            ask(aten.stack.default, [candidates(X, mesh, Replicate())] * 2)
 
     @with_comms
     def test_placements_fsdp_with_tp_gives(self) -> None:
@@ -170,8 +167,8 @@ class TestPlannerQueries(LocalDTensorTestBase):
         mesh, s00 = init_device_mesh("cpu", (2, 2)), (Shard(0), Shard(0))
         avg = (Partial("avg"),) * 2
         for op, t, args, wrong in [
-            (aten.mse_loss.default, torch.randn(6), (), (avg, (s00, s00))),
-            (aten.view_copy.default, X, ([2, 16],), (s00, (s00,))),
+            (aten.mse_loss.default, torch.randn(6), (), (avg, s00, s00)),
+            (aten.view_copy.default, X, ([2, 16],), (s00, s00)),
         ]:
             x = candidates(t, mesh, s00)
             self.assertNotIn(wrong, offered(ask(op, x, *(args or (x,)))))
