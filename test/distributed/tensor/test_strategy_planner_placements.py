@@ -210,12 +210,13 @@ def meta(t: torch.Tensor) -> TensorMeta:
 def held_spec(
     mesh: DeviceMesh, placements: tuple[Placement, ...], t: torch.Tensor
 ) -> DTensorSpec:
-    """A spec DTensor can hold: a ``_StridedShard`` as a shard order (FSDP2+TP, even
-    or not) or an even layout (not on 3-D meshes: slow to price), else ``Shard``."""
+    """A spec DTensor can hold, on 1-D and 2-D meshes: a ``_StridedShard`` as a shard
+    order (FSDP2+TP, even or not) or an even layout; else ``Shard``."""
     spec = DTensorSpec(mesh, placements, tensor_meta=meta(t))
     if not any(isinstance(p, _StridedShard) for p in placements):
         return spec
-    if DTensorSpec._maybe_convert_StridedShard_to_shard_order(placements, mesh):
+    order = DTensorSpec._maybe_convert_StridedShard_to_shard_order(placements, mesh)
+    if order and mesh.ndim < 3:  # 3-D: DTensor gathers neither reading back
         return spec
     strided = DTensorSpec(
         mesh, placements, tensor_meta=meta(t), use_strided_shard_as_shard_order=False
@@ -266,9 +267,8 @@ def local_shards(t: torch.Tensor, mesh: DeviceMesh, spec: DTensorSpec) -> LocalT
 
 
 def placements_of(spec: OpSpec) -> object:
-    return tree_map_only(
-        DTensorSpec, lambda s: s.placements, (spec.input_specs, spec.output_specs)
-    )
+    specs = (spec.input_specs, spec.output_specs)
+    return tree_map_only(DTensorSpec, lambda s: s.placements, specs)
 
 
 @contextlib.contextmanager
