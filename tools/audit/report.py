@@ -254,7 +254,8 @@ def render(report: dict[str, Any]) -> str:
         *reach_lines(report),
         "",
         "Modes: `runtime` asks each registry as DTensor's dispatch does (one sharded candidate per input, "
-        "output metas given, a raising decomposition reported as no sharding strategy); `planner` asks with "
+        "output metas given, a raising decomposition reported as no sharding strategy, a composite op under "
+        "inference mode, the only place dispatch meets one); `planner` asks with "
         "several candidates per input (the first all-`Replicate`) through "
         "`ShardingPropagator.enumerate_strategies`, the planner entry point, where the torch has it, and "
         "otherwise (stock) calls the op's registry directly as a planner had to there; `utility` expands an "

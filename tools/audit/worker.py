@@ -212,7 +212,13 @@ def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
     """Ask the op's registry as ``mode`` asks it; NoStrategy when there is nothing to judge.
 
     A planner asks through ``ShardingPropagator.enumerate_strategies`` where the torch has it;
-    stock has none, so there a planner had to call each registry itself, as done here."""
+    stock has none, so there a planner had to call each registry itself, as done here. Dispatch
+    meets a composite op only under inference mode (elsewhere autograd decomposes it first), so
+    a runtime query asks there too: the op's shape inference differs (istft's outside it asks
+    ``aten.equal``, data-dependent, and raises; under it, it gives the result's meta)."""
+    if mode == "runtime" and composite(schema.op) and not torch.is_inference_mode_enabled():
+        with torch.inference_mode():
+            return query(schema, mesh, mode)
     op, prop, where = schema.op, propagator(), registry(schema.op)
     info = prop.op_single_dim_strategy_funcs.get(op)
     if mode == "utility":

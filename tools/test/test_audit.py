@@ -338,6 +338,21 @@ class TestJudge(unittest.TestCase):
             # the runtime candidate the query was asked with
             self.assertEqual(str(candidates(args[0], mesh)), str(self.worker.placements(call[1][0], mesh, "runtime")))
 
+    def test_a_composite_op_is_asked_at_runtime_under_inference_mode_where_dispatch_meets_it(self) -> None:
+        import torch
+        from torch.distributed.tensor._dtensor_spec import TensorMeta
+
+        spectrum = TensorMeta(torch.Size([10, 2]), (2, 1), torch.complex64)
+        call: tuple[Any, tuple, dict] = (torch.ops.aten.istft.default, (spectrum, 10), {})
+        schema = self.worker.strategy_schema(call, self.mesh, "runtime")
+        # as dispatch's propagation raises for it, which then decomposes istft (outside inference mode its
+        # shape inference raised a data-dependent error instead)
+        with self.assertRaisesRegex(NotImplementedError, "does not have a sharding strategy registered"):
+            self.worker.query(schema, self.mesh, "runtime")
+        self.assertFalse(torch.is_inference_mode_enabled())
+        category, text, _ = self.worker.judge(self.checker, call, self.mesh, "runtime", [], {}, "4")
+        self.assertEqual(category, "refused", text)
+
     def test_a_view_that_needs_redistribution_is_refused_as_eager_dtensor_refuses_it(self) -> None:
         call = self.call("view.default", [1, 2], rest=([2],))
         category, text, _ = self.worker.judge(self.checker, call, self.mesh, "runtime", [], {}, "4")
