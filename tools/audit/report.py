@@ -264,7 +264,9 @@ def render(report: dict[str, Any]) -> str:
         "",
         "A runtime or planner query that raises is judged against eager DTensor: the same call on DTensors "
         "placed as the query's first candidate, run in `LocalTensorMode` (`eager_error` in "
-        "`tools/audit/capture.py`). The query is refused (a right answer) where it raised its mode's refusal "
+        "`tools/audit/capture.py`); where LocalTensorMode's per-rank check fails in sharding propagation, "
+        "whose shape inference it runs once per simulated rank, asked again as one rank alone, as a job's "
+        "process runs it (the message says so). The query is refused (a right answer) where it raised its mode's refusal "
         "type (`NotImplementedError`; as dispatch asks, also a rule's `RuntimeError` or shape inference's "
         "data-dependent one, which dispatch reports as `RuntimeError`) and eager DTensor "
         "raises that type with the same message, or where the op itself rejects the call on plain tensors "

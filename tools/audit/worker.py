@@ -52,7 +52,13 @@ def _alarm(seconds: float) -> None:
     signal.setitimer(signal.ITIMER_PROF, seconds)
 MESSAGE_CHARS = 300
 Call = tuple[Any, tuple, dict]  # (op, args, kwargs) with tensors as TensorMeta
-EagerCache = dict[tuple[str, str, str], "str | None"]  # (call text, mesh, mode): eager DTensor's error or None
+# (call text, mesh, mode): eager DTensor's error or None, and how it was asked ("" in LocalTensorMode)
+EagerCache = dict[tuple[str, str, str], tuple["str | None", str]]
+# LocalTensorMode's check that the ranks' non-tensor results agree. Failing in sharding propagation, it is the
+# simulation's: that propagation runs the op's shape inference on LocalTensors, once per simulated rank, where a
+# job's every process runs it alone on global metadata.
+PER_RANK_CHECK = "Non Tensor or int rank results must be equal for all ranks"
+ALONE = "eager asked as one rank alone, since in LocalTensorMode its per-rank check failed in sharding propagation"
 
 
 def load_checker() -> SimpleNamespace:
@@ -275,9 +281,15 @@ def _meta_tensors(x: Any) -> Any:
                     if isinstance(m, TensorMeta) else m, x, is_leaf=lambda v: isinstance(v, TensorMeta))
 
 
-def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str) -> str | None:
+def simulation_artifact(refusal: str | None) -> bool:
+    """Whether eager DTensor's ``refusal`` is LocalTensorMode's per-rank check failing in sharding propagation."""
+    return refusal is not None and PER_RANK_CHECK in refusal and "Sharding propagation failed" in refusal
+
+
+def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str) -> tuple[str | None, str]:
     """Why eager DTensor refuses ``call`` with its inputs placed as ``mode``'s first candidate, or None
-    when it runs it; a run that does not finish raises QueryTimeout."""
+    when it runs it, and how it was asked: in LocalTensorMode (""), or as this process's rank alone
+    (ALONE) where LocalTensorMode's refusal is its own; a run that does not finish raises QueryTimeout."""
     op, args, kwargs = call
 
     def first(t: torch.Tensor, m: DeviceMesh) -> list[tuple[Placement, ...]]:
@@ -285,7 +297,10 @@ def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: 
 
     _alarm(QUERY_TIMEOUT_S)
     try:
-        return checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first)
+        refusal = checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first)
+        if simulation_artifact(refusal):
+            return checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first, False), ALONE
+        return refusal, ""
     finally:
         _alarm(0)
 
@@ -327,9 +342,9 @@ def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, exp
                 eager[key] = eager_refusal(checker, call, mesh, mode)
             except QueryTimeout:
                 return "error", f"QueryTimeout: eager DTensor ran over {QUERY_TIMEOUT_S}s; {message(e)}", set()
-        refusal = eager[key]
+        refusal, how = eager[key]
         verdict = f"eager DTensor also raises {refusal}" if refusal else "eager DTensor runs the call"
-        text = f"{message(e)} [{verdict}]"
+        text = f"{message(e)} [{how + ': ' if how else ''}{verdict}]"
         error = typed_error(e, mode)
         category = raised_category(mode, False, refusal, error, refusal is not None and op_rejects(checker, call, mesh))
         return category, text[: 2 * MESSAGE_CHARS], set()

@@ -353,6 +353,34 @@ class TestJudge(unittest.TestCase):
         category, text, _ = self.worker.judge(self.checker, call, self.mesh, "runtime", [], {}, "4")
         self.assertEqual(category, "refused", text)
 
+    def test_local_tensor_modes_own_refusal_in_sharding_propagation_is_asked_again_of_one_rank(self) -> None:
+        import torch
+        from torch.distributed.tensor._dtensor_spec import TensorMeta
+
+        def meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
+            return TensorMeta(torch.Size(shape), torch.empty(shape).stride(), dtype)
+
+        # an out= call whose empty outputs the op resizes: in LocalTensorMode shape inference runs per
+        # simulated rank and the ranks' results disagree; one process alone refuses as the query does
+        outs = {"result": meta(5), "LU": meta(0), "pivots": meta(0, dtype=torch.int32),
+                "info": meta(0, dtype=torch.int32)}
+        call = (torch.ops.aten._linalg_solve_ex.result, (meta(5, 5), meta(5)), outs)
+        cache: dict = {}
+        category, text, _ = self.worker.judge(self.checker, call, self.mesh, "runtime", [], cache, "4")
+        self.assertEqual(category, "refused", text)
+        self.assertIn(self.worker.ALONE, text)
+        self.assertIn("eager DTensor also raises RuntimeError: aten._linalg_solve_ex.result: no valid sharding", text)
+        ((refusal, how),) = cache.values()
+        self.assertEqual(how, self.worker.ALONE)
+        self.assertNotIn(self.worker.PER_RANK_CHECK, refusal)
+
+    def test_only_a_per_rank_check_failing_in_sharding_propagation_is_the_simulations(self) -> None:
+        check = self.worker.PER_RANK_CHECK
+        self.assertTrue(self.worker.simulation_artifact(f"RuntimeError: {check} Sharding propagation failed for x"))
+        self.assertFalse(self.worker.simulation_artifact(f"AssertionError: {check}"))  # the op's own results
+        self.assertFalse(self.worker.simulation_artifact("RuntimeError: x Sharding propagation failed for y"))
+        self.assertFalse(self.worker.simulation_artifact(None))
+
     def test_a_view_that_needs_redistribution_is_refused_as_eager_dtensor_refuses_it(self) -> None:
         call = self.call("view.default", [1, 2], rest=([2],))
         category, text, _ = self.worker.judge(self.checker, call, self.mesh, "runtime", [], {}, "4")
