@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import pickle
 import re
 import signal
 import sys
@@ -365,6 +366,44 @@ def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, exp
     return "violation", " ".join(found[0].split()) + more, clauses(found)
 
 
+def save_calls(calls: list[Call], path: Path) -> None:
+    """The calls by their text, each pickled with its op by name, for asking eager DTensor about later;
+    a call with an argument pickle cannot hold is left out (and so cannot be asked)."""
+    kept = {}
+    for op, args, kwargs in calls:
+        try:
+            kept[describe_call(op, args, kwargs)] = pickle.dumps((str(op), args, kwargs))
+        except (pickle.PicklingError, TypeError, AttributeError):
+            continue
+    path.write_bytes(pickle.dumps(kept))
+
+
+def resolve(name: str) -> Any:
+    """The op named ``namespace.packet.overload``."""
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
+def ask_eager(checker: SimpleNamespace, asks: list[dict[str, str]], saved: dict[str, bytes],
+              meshes: dict[str, DeviceMesh]) -> list[dict[str, Any]]:
+    """Eager DTensor on each asked ``{call, mesh}``, its inputs placed as at runtime: ``eager`` its refusal or
+    None (it runs the call) and ``how`` as ``eager_refusal`` gives them, or ``unasked`` with why."""
+    answers: list[dict[str, Any]] = []
+    for ask in asks:
+        entry: dict[str, Any] = {"call": ask["call"], "mesh": ask["mesh"]}
+        if ask["call"] not in saved:
+            answers.append({**entry, "unasked": "the call was not saved"})
+            continue
+        name, args, kwargs = pickle.loads(saved[ask["call"]])
+        try:
+            refusal, how = eager_refusal(checker, (resolve(name), args, kwargs), meshes[ask["mesh"]], "runtime")
+        except QueryTimeout:
+            answers.append({**entry, "unasked": f"eager DTensor ran over {QUERY_TIMEOUT_S}s"})
+            continue
+        answers.append({**entry, "eager": refusal, "how": how})
+    return answers
+
+
 class Restart(Exception):
     """A query timed out: the worker saved its progress and goes on in a fresh process, since an
     interrupted strategy may leave state behind (a mode on a stack, a half-filled cache)."""
@@ -430,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=6, help="samples per OpInfo")
     ap.add_argument("--per-op", type=int, default=4, help="distinct calls asked per op at most (0: all)")
     ap.add_argument("--resume", action="store_true", help="go on from <out>.progress (after a timed-out query)")
+    ap.add_argument("--eager-asks", default=None, help="a JSON list of {call, mesh}: only ask eager DTensor about "
+                    "those calls (from --calls, inputs placed as at runtime), its answers to --out")
+    ap.add_argument("--calls", default=None, help="with --eager-asks: the <out>.calls a run of this worker saved")
     args = ap.parse_args(argv)
     progress = Path(args.out + ".progress")
     if not args.resume:
@@ -445,9 +487,17 @@ def main(argv: list[str] | None = None) -> int:
               for n in args.meshes.split(",")}
     started = time.monotonic()
     checker = load_checker()
+    if args.eager_asks:
+        if not args.calls:
+            ap.error("--eager-asks needs --calls")
+        asks, saved = json.loads(Path(args.eager_asks).read_text()), pickle.loads(Path(args.calls).read_bytes())
+        Path(args.out).write_text(json.dumps(ask_eager(checker, asks, saved, meshes), indent=1) + "\n")
+        dist.destroy_process_group()
+        return 0
     names = {n.strip() for n in (args.ops or "").split(",") if n.strip()} or None
     calls, stats = capture(checker, names, args.samples, args.per_op or None)
     print(f"[worker] captured {len(calls)} calls in {time.monotonic() - started:.0f}s", flush=True)
+    save_calls(calls, Path(args.out + ".calls"))
     try:
         results = run(checker, calls, args.modes.split(","), meshes, progress)
     except Restart as e:
