@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.audit.report import MESHES, MODES, ROLES, merge, render, summary_table
+from tools.audit.report import MESHES, MODES, ROLES, merge, refusal_candidates, render, summary_table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO_ROOT / ".build" / "audit"
@@ -57,17 +57,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def start_worker(role: str, python: str, args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    """One worker, its output to .build/audit/<role>.log and <role>.json."""
+def start_worker(role: str, python: str, args: argparse.Namespace,
+                 task: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """One worker, its output to .build/audit/<role>.log and <role>.json: the audit, or ``task``'s arguments."""
     exe = Path(python).absolute()  # not resolved: a venv's python is a symlink that must stay one
     exe = exe if exe.exists() else REPO_ROOT / python
     if not exe.exists():
         raise SystemExit(f"{role} python not found: {exe} (pass --{role}-python)")
     out = BUILD_DIR / f"{role}.json"
     out.unlink(missing_ok=True)  # a failed run must not leave the previous results to read
-    cmd = [str(exe), "-m", "tools.audit.worker", "--out", str(out), "--modes", ",".join(args.modes),
-           "--meshes", ",".join(args.meshes), "--samples", str(args.samples), "--per-op", str(args.per_op),
-           *(["--ops", args.ops] if args.ops else [])]
+    audit = ["--modes", ",".join(args.modes), "--samples", str(args.samples), "--per-op", str(args.per_op),
+             *(["--ops", args.ops] if args.ops else [])]
+    cmd = [str(exe), "-m", "tools.audit.worker", "--out", str(out), "--meshes", ",".join(args.meshes),
+           *(audit if task is None else task)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONDONTWRITEBYTECODE": "1"}
     with open(BUILD_DIR / f"{role}.log", "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
@@ -108,19 +110,38 @@ def run_workers(args: argparse.Namespace) -> dict[str, dict]:
     return docs
 
 
+def ask_stock_eager(args: argparse.Namespace, asks: list[dict[str, str]]) -> list[dict]:
+    """Stock's eager DTensor on ``asks`` (``refusal_candidates``), by the stock python on the calls its
+    worker saved."""
+    path = BUILD_DIR / "stock-eager-asks.json"
+    path.write_text(json.dumps(asks, indent=1) + "\n")
+    task = ["--eager-asks", str(path), "--calls", str(BUILD_DIR / "stock.json.calls")]
+    started = time.monotonic()
+    proc = start_worker("stock-eager", args.stock_python, args, task)
+    try:
+        return list(finish_worker("stock-eager", proc, started))
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     print(f"[audit] workers running, logs in {BUILD_DIR}/", flush=True)
     config = {"ops": args.ops, "modes": args.modes, "meshes": args.meshes, "samples": args.samples,
               "per_op": args.per_op}
-    report = merge(run_workers(args), config)
+    docs = run_workers(args)
+    asks = refusal_candidates(docs)
+    report = merge(docs, config, ask_stock_eager(args, asks) if asks else [])
     out_dir = Path(args.out_dir) if Path(args.out_dir).is_absolute() else REPO_ROOT / args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     # The tracked JSON holds the counts; the per-op examples are in audit.md and .build.
+    listed = ("new_refusals", "stock_eager_raises")
     counts = {**report, "results": [
-        {k: {"counts": v["counts"]} if k in ("stock", "built") else v for k, v in r.items() if k != "new_refusals"}
-        | {"new_refusals": len(r["new_refusals"])}
+        {k: {"counts": v["counts"]} if k in ("stock", "built") else v for k, v in r.items() if k not in listed}
+        | {k: len(r[k]) for k in listed}
         for r in report["results"]
     ]}
     (BUILD_DIR / "audit-full.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

@@ -6,6 +6,7 @@ tensors.
 """
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -288,10 +289,12 @@ def eager_error(
     kwargs: dict,
     mesh: DeviceMesh,
     candidates: Callable[..., Any] = runtime_candidate,
+    simulate: bool = True,
 ) -> str | None:
     """Why eager DTensor refuses ``op`` on DTensors placed as the first of
-    ``candidates`` (in ``LocalTensorMode`` and inference mode, where composite
-    ops reach dispatch as called), or None when it runs the call."""
+    ``candidates`` (in inference mode, where composite ops reach dispatch as
+    called), or None when it runs the call: every rank in ``LocalTensorMode``
+    (``simulate``), else this process's rank alone, as one process of a job."""
     from torch.distributed._local_tensor import LocalTensor, LocalTensorMode, maybe_disable_local_tensor_mode
 
     def dtensor(x: torch.Tensor) -> DTensor:
@@ -309,11 +312,13 @@ def eager_error(
                     if isinstance(p, Shard | _StridedShard):
                         local = p._split_tensor(local, mesh.size(dim), with_padding=False)[0][coord[dim]]
                 pieces[int(mesh.mesh[coord])] = local.clone()
+        held = LocalTensor(pieces) if simulate else pieces[mesh.get_rank()]
         return DTensor.from_local(
-            LocalTensor(pieces), mesh, placements, run_check=False, shape=data.shape, stride=data.stride()
+            held, mesh, placements, run_check=False, shape=data.shape, stride=data.stride()
         )
 
-    with LocalTensorMode(frozenset(range(mesh.size()))), torch.inference_mode():
+    ranks = LocalTensorMode(frozenset(range(mesh.size()))) if simulate else contextlib.nullcontext()
+    with ranks, torch.inference_mode():
         try:
             args, kwargs = tree_map_only(torch.Tensor, dtensor, (args, kwargs))
             op(*args, **kwargs)

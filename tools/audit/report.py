@@ -80,15 +80,36 @@ def clauses(violations: list[str]) -> set[str]:
     return {m.group(0) for m in (re.search(r"\bC[1-5]\b", v) for v in violations) if m}
 
 
-def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
+def _refused_where_stock_answers(docs: dict[str, dict], mode: str, mesh: str) -> list[str]:
+    """The calls built refuses in (mode, mesh) where stock, asked the same, answers."""
+    keyed = {(role, r["mode"], r["mesh"]): r for role in ROLES for r in docs[role]["results"]}
+    stock_calls = set(docs["stock"].get("calls", ()))
+    stock_by_call = keyed[("stock", mode, mesh)].get("by_call", {})
+    return sorted(
+        call for call, category in keyed[("built", mode, mesh)].get("by_call", {}).items()
+        if category == "refused" and call in stock_calls
+        and stock_by_call.get(call, "ok") in ("ok", "violation", "unjudged"))
+
+
+def refusal_candidates(docs: dict[str, dict]) -> list[dict[str, str]]:
+    """The runtime calls built refuses where stock's registry answers, as ``{call, mesh}``: new refusals
+    where stock's eager DTensor runs them, which ``merge`` is told (``stock_eager``) after asking."""
+    return [{"call": call, "mesh": r["mesh"]} for r in docs["stock"]["results"] if r["mode"] == "runtime"
+            for call in _refused_where_stock_answers(docs, "runtime", r["mesh"])]
+
+
+def merge(docs: dict[str, dict], config: dict[str, Any], stock_eager: list[dict[str, Any]] | None = None
+          ) -> dict[str, Any]:
     """Both workers' documents as one report: per (mode, mesh), stock's and built's results side by side,
-    and the calls built refuses where stock, asked the same, answers."""
+    and the calls built refuses where stock, asked the same, answers. A runtime one is new unless
+    ``stock_eager`` (``worker.ask_eager``'s answers for ``refusal_candidates``) says stock's eager DTensor
+    raises on it too; those are kept apart, with stock eager's message."""
     for role in ROLES:
         if role not in docs:
             raise ValueError(f"the {role} worker's results are missing")
     keyed = {(role, r["mode"], r["mesh"]): r for role in ROLES for r in docs[role]["results"]}
     pairs = list(dict.fromkeys((r["mode"], r["mesh"]) for r in docs["stock"]["results"]))
-    stock_calls = set(docs["stock"].get("calls", ()))
+    eager = {(a["mesh"], a["call"]): a for a in stock_eager or () if a.get("eager")}
     results = []
     for mode, mesh in pairs:
         entry: dict[str, Any] = {"mode": mode, "mesh": mesh}
@@ -97,11 +118,11 @@ def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
             if rec is None:
                 raise ValueError(f"the {role} worker has no results for mode {mode} on mesh {mesh}")
             entry[role] = {"counts": rec["counts"], "examples": rec["examples"]}
-        stock_by_call = keyed[("stock", mode, mesh)].get("by_call", {})
-        entry["new_refusals"] = sorted(
-            call for call, category in keyed[("built", mode, mesh)].get("by_call", {}).items()
-            if category == "refused" and call in stock_calls
-            and stock_by_call.get(call, "ok") in ("ok", "violation", "unjudged"))
+        refused = _refused_where_stock_answers(docs, mode, mesh)
+        raises = [eager[(mesh, call)] for call in refused if mode == "runtime" and (mesh, call) in eager]
+        entry["new_refusals"] = [call for call in refused if mode != "runtime" or (mesh, call) not in eager]
+        entry["stock_eager_raises"] = [{"call": a["call"], "message": a["eager"], "how": a.get("how", "")}
+                                       for a in raises]
         results.append(entry)
     report = {
         "config": config,
@@ -115,7 +136,8 @@ def merge(docs: dict[str, dict], config: dict[str, Any]) -> dict[str, Any]:
 
 def strict_failures(report: dict[str, Any]) -> list[str]:
     """Why the built torch fails ``--strict``: any violation, error, planner query without a strategy, or
-    runtime refusal stock's dispatch does not make; in a full audit, fewer than REACH_TARGET of the
+    runtime refusal stock's dispatch does not make (stock's registry answers, and stock's eager DTensor runs
+    the call or was not asked); in a full audit, fewer than REACH_TARGET of the
     registered ops asked. A planner refusal eager DTensor makes too is right even where stock's raw
     registry call offered an answer: eager DTensor does not run what it offered."""
     reasons = []
@@ -228,6 +250,19 @@ def new_refusal_table(report: dict[str, Any]) -> str:
     return table(["op", "where", "first call"], rows) if rows else "none"
 
 
+def stock_eager_table(report: dict[str, Any]) -> str:
+    """Per op: the runtime calls built refuses where stock's registry answers but stock's eager DTensor raises."""
+    ops: dict[str, dict[str, Any]] = {}
+    for r in report["results"]:
+        for a in r.get("stock_eager_raises", ()):
+            op = a["call"].split("(", 1)[0]
+            entry = ops.setdefault(op, {"where": [], **a})
+            entry["where"].append(f"{r['mode']} {r['mesh']}")
+    rows = [[op, ", ".join(dict.fromkeys(e["where"])), _code(e["call"][:160]),
+             _code((f"{e['how']}: " if e["how"] else "") + e["message"])] for op, e in sorted(ops.items())]
+    return table(["op", "where", "first call", "stock's eager DTensor"], rows) if rows else "none"
+
+
 def render(report: dict[str, Any]) -> str:
     """The markdown report, generated from the JSON alone."""
     cfg, cap = report["config"], report["capture"]
@@ -254,7 +289,8 @@ def render(report: dict[str, Any]) -> str:
         *reach_lines(report),
         "",
         "Modes: `runtime` asks each registry as DTensor's dispatch does (one sharded candidate per input, "
-        "output metas given, a raising decomposition reported as no sharding strategy); `planner` asks with "
+        "output metas given, a raising decomposition reported as no sharding strategy, a composite op under "
+        "inference mode, the only place dispatch meets one); `planner` asks with "
         "several candidates per input (the first all-`Replicate`) through "
         "`ShardingPropagator.enumerate_strategies`, the planner entry point, where the torch has it, and "
         "otherwise (stock) calls the op's registry directly as a planner had to there; `utility` expands an "
@@ -263,7 +299,9 @@ def render(report: dict[str, Any]) -> str:
         "",
         "A runtime or planner query that raises is judged against eager DTensor: the same call on DTensors "
         "placed as the query's first candidate, run in `LocalTensorMode` (`eager_error` in "
-        "`tools/audit/capture.py`). The query is refused (a right answer) where it raised its mode's refusal "
+        "`tools/audit/capture.py`); where LocalTensorMode's per-rank check fails in sharding propagation, "
+        "whose shape inference it runs once per simulated rank, asked again as one rank alone, as a job's "
+        "process runs it (the message says so). The query is refused (a right answer) where it raised its mode's refusal "
         "type (`NotImplementedError`; as dispatch asks, also a rule's `RuntimeError` or shape inference's "
         "data-dependent one, which dispatch reports as `RuntimeError`) and eager DTensor "
         "raises that type with the same message, or where the op itself rejects the call on plain tensors "
@@ -289,9 +327,13 @@ def render(report: dict[str, Any]) -> str:
         ("Built: unjudged answers", ("unjudged",), MODES, False),
     ]
     out += ["", "## Built: refused where stock answers the same call", "",
-            "Runtime rows fail --strict: stock's dispatch runs what built's refuses. Planner rows are refusals "
-            "eager DTensor makes too, where stock's registry offered a planner an answer eager DTensor does not "
-            "run.", "", new_refusal_table(report)]
+            "Runtime rows fail --strict: stock's dispatch runs what built's refuses (stock's registry answers, and "
+            "stock's eager DTensor, asked the same call on the same placements, runs it). Planner rows are "
+            "refusals eager DTensor makes too, where stock's registry offered a planner an answer eager DTensor "
+            "does not run.", "", new_refusal_table(report),
+            "", "## Built: refused where stock's registry answers but stock's eager DTensor raises too", "",
+            "Not new: stock's dispatch does not run these calls either. Stock's eager DTensor is asked only about "
+            "the runtime calls built refuses where stock's registry answers.", "", stock_eager_table(report)]
     for title, categories, modes, new_only in sections:
         out += ["", f"## {title}", "", op_table(by_op(report, "built", categories, modes, new_only))]
     for title, category, modes in (("Built: runtime refusals", "refused", ("runtime",)),

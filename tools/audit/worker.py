@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import pickle
 import re
 import signal
 import sys
@@ -52,7 +53,13 @@ def _alarm(seconds: float) -> None:
     signal.setitimer(signal.ITIMER_PROF, seconds)
 MESSAGE_CHARS = 300
 Call = tuple[Any, tuple, dict]  # (op, args, kwargs) with tensors as TensorMeta
-EagerCache = dict[tuple[str, str, str], "str | None"]  # (call text, mesh, mode): eager DTensor's error or None
+# (call text, mesh, mode): eager DTensor's error or None, and how it was asked ("" in LocalTensorMode)
+EagerCache = dict[tuple[str, str, str], tuple["str | None", str]]
+# LocalTensorMode's check that the ranks' non-tensor results agree. Failing in sharding propagation, it is the
+# simulation's: that propagation runs the op's shape inference on LocalTensors, once per simulated rank, where a
+# job's every process runs it alone on global metadata.
+PER_RANK_CHECK = "Non Tensor or int rank results must be equal for all ranks"
+ALONE = "eager asked as one rank alone, since in LocalTensorMode its per-rank check failed in sharding propagation"
 
 
 def load_checker() -> SimpleNamespace:
@@ -212,7 +219,13 @@ def query(schema: OpSchema, mesh: DeviceMesh, mode: str) -> Any:
     """Ask the op's registry as ``mode`` asks it; NoStrategy when there is nothing to judge.
 
     A planner asks through ``ShardingPropagator.enumerate_strategies`` where the torch has it;
-    stock has none, so there a planner had to call each registry itself, as done here."""
+    stock has none, so there a planner had to call each registry itself, as done here. Dispatch
+    meets a composite op only under inference mode (elsewhere autograd decomposes it first), so
+    a runtime query asks there too: the op's shape inference differs (istft's outside it asks
+    ``aten.equal``, data-dependent, and raises; under it, it gives the result's meta)."""
+    if mode == "runtime" and composite(schema.op) and not torch.is_inference_mode_enabled():
+        with torch.inference_mode():
+            return query(schema, mesh, mode)
     op, prop, where = schema.op, propagator(), registry(schema.op)
     info = prop.op_single_dim_strategy_funcs.get(op)
     if mode == "utility":
@@ -269,9 +282,15 @@ def _meta_tensors(x: Any) -> Any:
                     if isinstance(m, TensorMeta) else m, x, is_leaf=lambda v: isinstance(v, TensorMeta))
 
 
-def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str) -> str | None:
+def simulation_artifact(refusal: str | None) -> bool:
+    """Whether eager DTensor's ``refusal`` is LocalTensorMode's per-rank check failing in sharding propagation."""
+    return refusal is not None and PER_RANK_CHECK in refusal and "Sharding propagation failed" in refusal
+
+
+def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str) -> tuple[str | None, str]:
     """Why eager DTensor refuses ``call`` with its inputs placed as ``mode``'s first candidate, or None
-    when it runs it; a run that does not finish raises QueryTimeout."""
+    when it runs it, and how it was asked: in LocalTensorMode (""), or as this process's rank alone
+    (ALONE) where LocalTensorMode's refusal is its own; a run that does not finish raises QueryTimeout."""
     op, args, kwargs = call
 
     def first(t: torch.Tensor, m: DeviceMesh) -> list[tuple[Placement, ...]]:
@@ -279,7 +298,10 @@ def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: 
 
     _alarm(QUERY_TIMEOUT_S)
     try:
-        return checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first)
+        refusal = checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first)
+        if simulation_artifact(refusal):
+            return checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first, False), ALONE
+        return refusal, ""
     finally:
         _alarm(0)
 
@@ -321,9 +343,9 @@ def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, exp
                 eager[key] = eager_refusal(checker, call, mesh, mode)
             except QueryTimeout:
                 return "error", f"QueryTimeout: eager DTensor ran over {QUERY_TIMEOUT_S}s; {message(e)}", set()
-        refusal = eager[key]
+        refusal, how = eager[key]
         verdict = f"eager DTensor also raises {refusal}" if refusal else "eager DTensor runs the call"
-        text = f"{message(e)} [{verdict}]"
+        text = f"{message(e)} [{how + ': ' if how else ''}{verdict}]"
         error = typed_error(e, mode)
         category = raised_category(mode, False, refusal, error, refusal is not None and op_rejects(checker, call, mesh))
         return category, text[: 2 * MESSAGE_CHARS], set()
@@ -342,6 +364,44 @@ def judge(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str, exp
         return "ok", "", set()
     more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
     return "violation", " ".join(found[0].split()) + more, clauses(found)
+
+
+def save_calls(calls: list[Call], path: Path) -> None:
+    """The calls by their text, each pickled with its op by name, for asking eager DTensor about later;
+    a call with an argument pickle cannot hold is left out (and so cannot be asked)."""
+    kept = {}
+    for op, args, kwargs in calls:
+        try:
+            kept[describe_call(op, args, kwargs)] = pickle.dumps((str(op), args, kwargs))
+        except (pickle.PicklingError, TypeError, AttributeError):
+            continue
+    path.write_bytes(pickle.dumps(kept))
+
+
+def resolve(name: str) -> Any:
+    """The op named ``namespace.packet.overload``."""
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
+def ask_eager(checker: SimpleNamespace, asks: list[dict[str, str]], saved: dict[str, bytes],
+              meshes: dict[str, DeviceMesh]) -> list[dict[str, Any]]:
+    """Eager DTensor on each asked ``{call, mesh}``, its inputs placed as at runtime: ``eager`` its refusal or
+    None (it runs the call) and ``how`` as ``eager_refusal`` gives them, or ``unasked`` with why."""
+    answers: list[dict[str, Any]] = []
+    for ask in asks:
+        entry: dict[str, Any] = {"call": ask["call"], "mesh": ask["mesh"]}
+        if ask["call"] not in saved:
+            answers.append({**entry, "unasked": "the call was not saved"})
+            continue
+        name, args, kwargs = pickle.loads(saved[ask["call"]])
+        try:
+            refusal, how = eager_refusal(checker, (resolve(name), args, kwargs), meshes[ask["mesh"]], "runtime")
+        except QueryTimeout:
+            answers.append({**entry, "unasked": f"eager DTensor ran over {QUERY_TIMEOUT_S}s"})
+            continue
+        answers.append({**entry, "eager": refusal, "how": how})
+    return answers
 
 
 class Restart(Exception):
@@ -409,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=6, help="samples per OpInfo")
     ap.add_argument("--per-op", type=int, default=4, help="distinct calls asked per op at most (0: all)")
     ap.add_argument("--resume", action="store_true", help="go on from <out>.progress (after a timed-out query)")
+    ap.add_argument("--eager-asks", default=None, help="a JSON list of {call, mesh}: only ask eager DTensor about "
+                    "those calls (from --calls, inputs placed as at runtime), its answers to --out")
+    ap.add_argument("--calls", default=None, help="with --eager-asks: the <out>.calls a run of this worker saved")
     args = ap.parse_args(argv)
     progress = Path(args.out + ".progress")
     if not args.resume:
@@ -424,9 +487,17 @@ def main(argv: list[str] | None = None) -> int:
               for n in args.meshes.split(",")}
     started = time.monotonic()
     checker = load_checker()
+    if args.eager_asks:
+        if not args.calls:
+            ap.error("--eager-asks needs --calls")
+        asks, saved = json.loads(Path(args.eager_asks).read_text()), pickle.loads(Path(args.calls).read_bytes())
+        Path(args.out).write_text(json.dumps(ask_eager(checker, asks, saved, meshes), indent=1) + "\n")
+        dist.destroy_process_group()
+        return 0
     names = {n.strip() for n in (args.ops or "").split(",") if n.strip()} or None
     calls, stats = capture(checker, names, args.samples, args.per_op or None)
     print(f"[worker] captured {len(calls)} calls in {time.monotonic() - started:.0f}s", flush=True)
+    save_calls(calls, Path(args.out + ".calls"))
     try:
         results = run(checker, calls, args.modes.split(","), meshes, progress)
     except Restart as e:

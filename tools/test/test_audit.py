@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import pickle
 import stat
 import subprocess
 import sys
@@ -183,6 +184,28 @@ class TestReport(unittest.TestCase):
         self.assertEqual(merged["strict_failures"], ["built runtime mesh 4: 1 refused where stock answers of 2 queries"])
         self.assertIn(CALLS[0], report.render(merged))
 
+    def test_a_refusal_is_new_only_where_stocks_eager_dtensor_runs_the_call(self) -> None:
+        built = worker_doc("b", by_call={"runtime_4": {CALLS[0]: "refused", CALLS[1]: "refused"}},
+                           runtime_4=(counts(queries=2, refused=2), {}), planner_4=(counts(queries=2, ok=2), {}))
+        docs = {"stock": STOCK, "built": built}
+        self.assertEqual(report.refusal_candidates(docs), [{"call": c, "mesh": "4"} for c in sorted(CALLS)])
+        shape = "RuntimeError: shape '[16]' is invalid for input of size 5"
+        stock_eager: list[dict[str, Any]] = [{"call": CALLS[0], "mesh": "4", "eager": None, "how": ""},
+                                             {"call": CALLS[1], "mesh": "4", "eager": shape, "how": ""}]
+        merged = report.merge(docs, CONFIG, stock_eager)
+        runtime = merged["results"][0]
+        self.assertEqual(runtime["new_refusals"], [CALLS[0]])  # stock's eager DTensor runs mm
+        self.assertEqual(runtime["stock_eager_raises"], [{"call": CALLS[1], "message": shape, "how": ""}])
+        self.assertEqual(merged["strict_failures"], ["built runtime mesh 4: 1 refused where stock answers of 2 queries"])
+        text = report.render(merged)
+        self.assertIn("stock's eager DTensor raises too", text)
+        self.assertIn("is invalid for input of size 5", text)
+        # where stock's eager DTensor raises on both, or was not asked about one, only the unasked one is new
+        stock_eager[0] = {"call": CALLS[0], "mesh": "4", "unasked": "the call was not saved"}
+        self.assertEqual(report.merge(docs, CONFIG, stock_eager)["results"][0]["new_refusals"], [CALLS[0]])
+        stock_eager[0] = {**stock_eager[1], "call": CALLS[0]}
+        self.assertEqual(report.merge(docs, CONFIG, stock_eager)["strict_failures"], [])
+
     def test_a_full_audit_must_reach_the_registered_ops(self) -> None:
         full = {**CONFIG, "ops": None}
         clean: dict[str, Any] = {"runtime_4": (counts(queries=2, ok=2), {}), "planner_4": (counts(queries=2, ok=2), {})}
@@ -242,6 +265,28 @@ class TestOrchestrator(unittest.TestCase):
                 full = json.loads((tmp / "build" / "audit-full.json").read_text())
                 self.assertEqual((tmp / "out" / "audit.md").read_text(), report.render(full))
                 self.assertNotIn(str(tmp), raw)  # no absolute paths, so re-runs compare equal
+
+    def test_asks_stocks_eager_dtensor_about_the_refusals_stocks_registry_answers(self) -> None:
+        built = worker_doc("b", by_call={"runtime_4": {CALLS[1]: "refused"}},
+                           runtime_4=(counts(queries=2, ok=1, refused=1), {}), planner_4=(counts(queries=2, ok=2), {}))
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            answer = tmp / "eager.json"
+            answer.write_text(json.dumps([{"call": CALLS[1], "mesh": "4", "eager": "RuntimeError: no", "how": ""}]))
+            source = tmp / "stock.json"
+            source.write_text(json.dumps(STOCK))
+            # the stock python: its worker's document, or asked about the calls, stock's eager DTensor's answers
+            stock = stand_in_python(tmp, "stock", f"argv = sys.argv\nasked = '--eager-asks' in argv\n"
+                                    f"shutil.copy({str(answer)!r} if asked else {str(source)!r}, "
+                                    f"argv[argv.index('--out') + 1])\n"
+                                    f"if asked: shutil.copy(argv[argv.index('--eager-asks') + 1], {str(tmp / 'asks')!r})")
+            argv = ["--stock-python", stock, "--built-python", canned(tmp, built), "--out-dir", str(tmp / "out"),
+                    "--modes", "runtime,planner", "--meshes", "4", "--strict"]
+            self.assertEqual(self.run_main(tmp, argv), 0)
+            self.assertEqual(json.loads((tmp / "asks").read_text()), [{"call": CALLS[1], "mesh": "4"}])
+            self.assertIn("stock.json.calls", (tmp / "build" / "stock-eager.log").read_text())
+            saved = json.loads((tmp / "out" / "audit.json").read_text())
+            self.assertEqual([r["stock_eager_raises"] for r in saved["results"]], [1, 0])
 
     def test_reports_a_failing_worker(self) -> None:
         with tempfile.TemporaryDirectory() as d:
@@ -337,6 +382,61 @@ class TestJudge(unittest.TestCase):
             self.assertEqual([a.device.type for a in args], ["meta", "meta"])
             # the runtime candidate the query was asked with
             self.assertEqual(str(candidates(args[0], mesh)), str(self.worker.placements(call[1][0], mesh, "runtime")))
+
+    def test_a_composite_op_is_asked_at_runtime_under_inference_mode_where_dispatch_meets_it(self) -> None:
+        import torch
+        from torch.distributed.tensor._dtensor_spec import TensorMeta
+
+        spectrum = TensorMeta(torch.Size([10, 2]), (2, 1), torch.complex64)
+        call: tuple[Any, tuple, dict] = (torch.ops.aten.istft.default, (spectrum, 10), {})
+        schema = self.worker.strategy_schema(call, self.mesh, "runtime")
+        # as dispatch's propagation raises for it, which then decomposes istft (outside inference mode its
+        # shape inference raised a data-dependent error instead)
+        with self.assertRaisesRegex(NotImplementedError, "does not have a sharding strategy registered"):
+            self.worker.query(schema, self.mesh, "runtime")
+        self.assertFalse(torch.is_inference_mode_enabled())
+        category, text, _ = self.worker.judge(self.checker, call, self.mesh, "runtime", [], {}, "4")
+        self.assertEqual(category, "refused", text)
+
+    def test_local_tensor_modes_own_refusal_in_sharding_propagation_is_asked_again_of_one_rank(self) -> None:
+        import torch
+        from torch.distributed.tensor._dtensor_spec import TensorMeta
+
+        def meta(*shape: int, dtype: torch.dtype = torch.float32) -> TensorMeta:
+            return TensorMeta(torch.Size(shape), torch.empty(shape).stride(), dtype)
+
+        # an out= call whose empty outputs the op resizes: in LocalTensorMode shape inference runs per
+        # simulated rank and the ranks' results disagree; one process alone refuses as the query does
+        outs = {"result": meta(5), "LU": meta(0), "pivots": meta(0, dtype=torch.int32),
+                "info": meta(0, dtype=torch.int32)}
+        call = (torch.ops.aten._linalg_solve_ex.result, (meta(5, 5), meta(5)), outs)
+        cache: dict = {}
+        category, text, _ = self.worker.judge(self.checker, call, self.mesh, "runtime", [], cache, "4")
+        self.assertEqual(category, "refused", text)
+        self.assertIn(self.worker.ALONE, text)
+        self.assertIn("eager DTensor also raises RuntimeError: aten._linalg_solve_ex.result: no valid sharding", text)
+        ((refusal, how),) = cache.values()
+        self.assertEqual(how, self.worker.ALONE)
+        self.assertNotIn(self.worker.PER_RANK_CHECK, refusal)
+
+    def test_only_a_per_rank_check_failing_in_sharding_propagation_is_the_simulations(self) -> None:
+        check = self.worker.PER_RANK_CHECK
+        self.assertTrue(self.worker.simulation_artifact(f"RuntimeError: {check} Sharding propagation failed for x"))
+        self.assertFalse(self.worker.simulation_artifact(f"AssertionError: {check}"))  # the op's own results
+        self.assertFalse(self.worker.simulation_artifact("RuntimeError: x Sharding propagation failed for y"))
+        self.assertFalse(self.worker.simulation_artifact(None))
+
+    def test_saved_calls_are_asked_of_eager_dtensor_by_their_text(self) -> None:
+        calls = [self.call("mm.default", [4, 8], [8, 4]), self.call("view.default", [5, 2], rest=([10],))]
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "calls"
+            self.worker.save_calls(calls, path)
+            saved = pickle.loads(path.read_bytes())
+        asks = [{"call": self.worker.describe_call(*c), "mesh": "4"} for c in calls] + [{"call": "x()", "mesh": "4"}]
+        mm, view, unknown = self.worker.ask_eager(self.checker, asks, saved, {"4": self.mesh})
+        self.assertEqual((mm["eager"], mm["how"]), (None, ""))  # mm on Shard(0) of 4 rows runs
+        self.assertIn("Error", view["eager"])  # a view of 5 rows, sharded unevenly, does not
+        self.assertEqual(unknown, {**asks[2], "unasked": "the call was not saved"})
 
     def test_a_view_that_needs_redistribution_is_refused_as_eager_dtensor_refuses_it(self) -> None:
         call = self.call("view.default", [1, 2], rest=([2],))
