@@ -290,17 +290,23 @@ def eager_error(
     mesh: DeviceMesh,
     candidates: Callable[..., Any] = runtime_candidate,
     simulate: bool = True,
+    compare: bool = False,
 ) -> str | None:
     """Why eager DTensor refuses ``op`` on DTensors placed as the first of
     ``candidates`` (in inference mode, where composite ops reach dispatch as
     called), or None when it runs the call: every rank in ``LocalTensorMode``
-    (``simulate``), else this process's rank alone, as one process of a job."""
+    (``simulate``), else this process's rank alone, as one process of a job.
+    ``compare`` (simulated only): a run whose results, gathered, are not plain
+    torch's on the same values counts as a refusal, ``WrongResult``."""
     from torch.distributed._local_tensor import LocalTensor, LocalTensorMode, maybe_disable_local_tensor_mode
+
+    plain: list[torch.Tensor] = []
 
     def dtensor(x: torch.Tensor) -> DTensor:
         placements = candidates(x, mesh)[0]
         with maybe_disable_local_tensor_mode():
             data = torch.randn(x.shape).to(x.dtype)
+            plain.append(data.clone())
             if any(p.is_partial() for p in placements):
                 return distribute_tensor(data, mesh, placements)
             # each rank's piece cut here: LocalTensorMode cannot chunk a tensor into
@@ -320,10 +326,33 @@ def eager_error(
     ranks = LocalTensorMode(frozenset(range(mesh.size()))) if simulate else contextlib.nullcontext()
     with ranks, torch.inference_mode():
         try:
-            args, kwargs = tree_map_only(torch.Tensor, dtensor, (args, kwargs))
-            op(*args, **kwargs)
+            dargs, dkwargs = tree_map_only(torch.Tensor, dtensor, (args, kwargs))
+            got = op(*dargs, **dkwargs)
         except Exception as e:
             return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        if compare and simulate and torch.Tag.nondeterministic_seeded not in op.tags:
+            return _wrong_result(op, args, kwargs, iter(plain), got)
+    return None
+
+
+def _wrong_result(op: OpOverload, args: tuple, kwargs: dict, plain: Any, got: Any) -> str | None:
+    """How eager DTensor's results ``got`` differ from plain torch's on the values ``plain`` held (in
+    ``LocalTensorMode``: every rank's gathered result), or None where they agree."""
+    from torch.distributed._local_tensor import LocalTensor, maybe_disable_local_tensor_mode
+
+    try:
+        gathered = tree_map_only(DTensor, lambda d: d.full_tensor(), got)
+        with maybe_disable_local_tensor_mode():
+            pargs, pkwargs = tree_map_only(torch.Tensor, lambda _: next(plain), (args, kwargs))
+            expected = op(*pargs, **pkwargs)
+            for g, e in zip(tree_flatten(gathered)[0], tree_flatten(expected)[0]):
+                if not torch.is_tensor(e):
+                    continue
+                for rank in g._local_tensors.values() if isinstance(g, LocalTensor) else [g]:
+                    torch.testing.assert_close(rank, e, equal_nan=True)
+    except Exception as e:
+        return f"WrongResult: eager DTensor runs it, but its results are not plain torch's: {type(e).__name__}: " \
+               f"{' '.join(str(e).split())[:200]}"
     return None
 
 

@@ -251,7 +251,8 @@ def new_refusal_table(report: dict[str, Any]) -> str:
 
 
 def stock_eager_table(report: dict[str, Any]) -> str:
-    """Per op: the runtime calls built refuses where stock's registry answers but stock's eager DTensor raises."""
+    """Per op: the runtime calls built refuses where stock's registry answers but stock's eager DTensor raises
+    or gives other results than plain torch."""
     ops: dict[str, dict[str, Any]] = {}
     for r in report["results"]:
         for a in r.get("stock_eager_raises", ()):
@@ -328,12 +329,16 @@ def render(report: dict[str, Any]) -> str:
     ]
     out += ["", "## Built: refused where stock answers the same call", "",
             "Runtime rows fail --strict: stock's dispatch runs what built's refuses (stock's registry answers, and "
-            "stock's eager DTensor, asked the same call on the same placements, runs it). Planner rows are "
+            "stock's eager DTensor, asked the same call on the same placements, runs it and gives plain torch's "
+            "results). Planner rows are "
             "refusals eager DTensor makes too, where stock's registry offered a planner an answer eager DTensor "
             "does not run.", "", new_refusal_table(report),
-            "", "## Built: refused where stock's registry answers but stock's eager DTensor raises too", "",
-            "Not new: stock's dispatch does not run these calls either. Stock's eager DTensor is asked only about "
-            "the runtime calls built refuses where stock's registry answers.", "", stock_eager_table(report)]
+            "", "## Built: refused where stock's registry answers but stock's eager DTensor raises too, or runs "
+            "the call with other results than plain torch's (`WrongResult`)", "",
+            "Not new: stock's dispatch does not run these calls rightly either. Stock's eager DTensor is asked only "
+            "about the runtime calls built refuses where stock's registry answers; its results, gathered, are "
+            "compared with plain torch's on the same values (ops drawing random numbers are not compared).", "",
+            stock_eager_table(report)]
     for title, categories, modes, new_only in sections:
         out += ["", f"## {title}", "", op_table(by_op(report, "built", categories, modes, new_only))]
     for title, category, modes in (("Built: runtime refusals", "refused", ("runtime",)),

@@ -287,10 +287,12 @@ def simulation_artifact(refusal: str | None) -> bool:
     return refusal is not None and PER_RANK_CHECK in refusal and "Sharding propagation failed" in refusal
 
 
-def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str) -> tuple[str | None, str]:
+def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: str,
+                  compare: bool = False) -> tuple[str | None, str]:
     """Why eager DTensor refuses ``call`` with its inputs placed as ``mode``'s first candidate, or None
     when it runs it, and how it was asked: in LocalTensorMode (""), or as this process's rank alone
-    (ALONE) where LocalTensorMode's refusal is its own; a run that does not finish raises QueryTimeout."""
+    (ALONE) where LocalTensorMode's refusal is its own; a run that does not finish raises QueryTimeout.
+    ``compare``: a run whose results are not plain torch's counts as a refusal (``eager_error``)."""
     op, args, kwargs = call
 
     def first(t: torch.Tensor, m: DeviceMesh) -> list[tuple[Placement, ...]]:
@@ -298,7 +300,7 @@ def eager_refusal(checker: SimpleNamespace, call: Call, mesh: DeviceMesh, mode: 
 
     _alarm(QUERY_TIMEOUT_S)
     try:
-        refusal = checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first)
+        refusal = checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first, compare=compare)
         if simulation_artifact(refusal):
             return checker.eager_error(op, _meta_tensors(args), _meta_tensors(kwargs), mesh, first, False), ALONE
         return refusal, ""
@@ -396,7 +398,8 @@ def ask_eager(checker: SimpleNamespace, asks: list[dict[str, str]], saved: dict[
             continue
         name, args, kwargs = pickle.loads(saved[ask["call"]])
         try:
-            refusal, how = eager_refusal(checker, (resolve(name), args, kwargs), meshes[ask["mesh"]], "runtime")
+            refusal, how = eager_refusal(checker, (resolve(name), args, kwargs), meshes[ask["mesh"]], "runtime",
+                                         compare=True)
         except QueryTimeout:
             answers.append({**entry, "unasked": f"eager DTensor ran over {QUERY_TIMEOUT_S}s"})
             continue

@@ -331,7 +331,7 @@ class TestJudge(unittest.TestCase):
         from tools.audit import worker
 
         cls.worker = worker
-        cls.previous_handler = signal.signal(signal.SIGALRM, worker._expire)
+        cls.previous_handler = signal.signal(signal.SIGPROF, worker._expire)
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
         cls.mesh = DeviceMesh("cpu", torch.arange(4))
         cls.checker = worker.load_checker()
@@ -343,7 +343,7 @@ class TestJudge(unittest.TestCase):
         import torch.distributed as dist
 
         dist.destroy_process_group()
-        signal.signal(signal.SIGALRM, cls.previous_handler)
+        signal.signal(signal.SIGPROF, cls.previous_handler)
 
     def call(self, op_name: str, *shapes: list[int], rest: tuple = ()) -> tuple[Any, tuple, dict]:
         import torch
@@ -437,6 +437,20 @@ class TestJudge(unittest.TestCase):
         self.assertEqual((mm["eager"], mm["how"]), (None, ""))  # mm on Shard(0) of 4 rows runs
         self.assertIn("Error", view["eager"])  # a view of 5 rows, sharded unevenly, does not
         self.assertEqual(unknown, {**asks[2], "unasked": "the call was not saved"})
+
+    def test_compared_runs_count_results_other_than_plain_torchs_as_refusals(self) -> None:
+        import torch
+
+        from tools.audit import capture
+
+        a, b = torch.randn(4, 3), torch.randn(4, 3)
+        add = torch.ops.aten.add.Tensor
+        self.assertIsNone(capture._wrong_result(add, (a, b), {}, iter([a, b]), a + b))
+        wrong = capture._wrong_result(add, (a, b), {}, iter([a, b]), a - b)
+        self.assertRegex(wrong or "", r"^WrongResult: eager DTensor runs it, but .*AssertionError")
+        op, args, kwargs = self.call("mm.default", [4, 8], [8, 4])
+        metas = self.worker._meta_tensors(args)
+        self.assertIsNone(self.checker.eager_error(op, metas, {}, self.mesh, compare=True))  # mm is right
 
     def test_a_view_that_needs_redistribution_is_refused_as_eager_dtensor_refuses_it(self) -> None:
         call = self.call("view.default", [1, 2], rest=([2],))
