@@ -2,10 +2,13 @@
 """The decomposition path offers no sharding its trace on one mesh dim cannot vouch
 for: uneven ``Partial("avg")``, nested shards, local results of other shapes."""
 
+from unittest import mock
+
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import distribute_tensor, Replicate, Shard
+from torch.distributed.tensor._decompositions import DecompShardingStrategy
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
@@ -29,10 +32,16 @@ class TestDecompositionStrategies(LocalDTensorTestBase):
             (aten.flatten.using_ints, (block, 0, 1), [Shard(0), Shard(1)], plane),
             (aten.flatten.using_ints, (rows, 0, 1), [Shard(0), Shard(0)], plane),
             (aten.addmv_.default, (x, rows, block[:, 0]), [Shard(0), Shard(0)], plane),
+            (aten.hardswish.default, (torch.randn(1, 8),), [Shard(1)], mesh),
         ]
+        trace, traced = DecompShardingStrategy._propagate_through_decomp, []
+        spy = mock.patch.object(  # its arguments: the path, query, placements, mesh
+            DecompShardingStrategy, "_propagate_through_decomp", autospec=True
+        )
         for op, args, ps, on in cases:
             with self.subTest(op), LocalTensorMode(frozenset(range(self.world_size))):
-                with torch.inference_mode():
+                with torch.inference_mode(), spy as m:
+                    m.side_effect = lambda *a: traced.append(a[1:3]) or trace(*a)
                     dargs = tree_map_only(
                         torch.Tensor, lambda t: distribute_tensor(t, on, ps), args
                     )
@@ -42,6 +51,8 @@ class TestDecompositionStrategies(LocalDTensorTestBase):
                 if all(isinstance(p, Shard | Replicate) for p in got.placements):
                     want = distribute_tensor(want, on, got.placements).to_local()
                     self.assertTrue(torch.equal(got.to_local(), want))
+        hardswish = {ps for q, ps in traced if q.op == aten.hardswish.default}
+        self.assertEqual(hardswish, {(Replicate(),), (Shard(1),)})  # not of size 1
 
 
 if __name__ == "__main__":

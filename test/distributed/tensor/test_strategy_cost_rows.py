@@ -7,13 +7,7 @@ from unittest import mock
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import (
-    distribute_tensor,
-    DTensor,
-    Partial,
-    Replicate,
-    Shard,
-)
+from torch.distributed.tensor import distribute_tensor, DTensor, Replicate, Shard
 from torch.distributed.tensor._collective_utils import redistribute_cost
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._ops import utils
@@ -22,7 +16,7 @@ from torch.distributed.tensor._redistribute import (
     use_min_cost_redistribution_plan,
 )
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-from torch.distributed.tensor.placement_types import _StridedShard
+from torch.distributed.tensor.placement_types import _StridedShard, Partial
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor import strategy_contract as sc
 from torch.testing._internal.distributed._tensor.common_dtensor import (

@@ -28,7 +28,7 @@ from torch.distributed.tensor._ops.strategy_validation import _create_partial_in
 from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable
 from torch.distributed.tensor._redistribute import _gen_transform_infos
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-from torch.distributed.tensor.placement_types import Placement, _StridedShard
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -207,9 +207,7 @@ def meta(t: torch.Tensor) -> TensorMeta:
     return TensorMeta(t.shape, t.stride(), t.dtype)
 
 
-def held_spec(
-    mesh: DeviceMesh, placements: tuple[Placement, ...], t: torch.Tensor
-) -> DTensorSpec:
+def held_spec(mesh: DeviceMesh, placements: tuple, t: torch.Tensor) -> DTensorSpec:
     """A spec DTensor can hold, on 1-D and 2-D meshes: a ``_StridedShard`` as a shard
     order (FSDP2+TP, even or not) or an even layout; else ``Shard``."""
     spec = DTensorSpec(mesh, placements, tensor_meta=meta(t))
@@ -218,9 +216,7 @@ def held_spec(
     order = DTensorSpec._maybe_convert_StridedShard_to_shard_order(placements, mesh)
     if order and mesh.ndim < 3:  # 3-D: DTensor gathers neither reading back
         return spec
-    strided = DTensorSpec(
-        mesh, placements, tensor_meta=meta(t), use_strided_shard_as_shard_order=False
-    )
+    strided = DTensorSpec(mesh, placements, meta(t), None, False)  # as a layout
     if is_tensor_evenly_shardable(t.shape, strided) and mesh.ndim < 3:
         return strided
     plain = tuple(
@@ -347,9 +343,7 @@ class TestPlannerPlacements(LocalDTensorTestBase):
     @parametrize("family", FAMILIES, name_fn=lambda f: f.__name__)
     @settings(deadline=None)  # examples: as the loaded profile asks (pytorch_ci: 50)
     @given(data=st.data())
-    def test_family(
-        self, family: Callable[[], st.SearchStrategy[Call]], data: st.DataObject
-    ) -> None:
+    def test_family(self, family: Callable, data: st.DataObject) -> None:
         self.check(data, family())
 
 

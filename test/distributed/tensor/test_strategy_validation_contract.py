@@ -11,10 +11,8 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.placement_types import _StridedShard, Partial, Shard
 from torch.testing._internal.common_utils import run_tests
-from torch.testing._internal.distributed._tensor import (
-    strategy_contract as sc,
-    strategy_contract_opinfo as checks,
-)
+from torch.testing._internal.distributed._tensor import strategy_contract as sc
+import torch.testing._internal.distributed._tensor.strategy_contract_opinfo as checks
 from torch.testing._internal.distributed._tensor.common_dtensor import (
     LocalDTensorTestBase,
     with_comms,
