@@ -29,6 +29,7 @@ class TestDecompositionStrategies(LocalDTensorTestBase):
         cases = [  # (op, args, their placements, the mesh)
             (aten.mse_loss.default, (x, rows[:, 1]), [Shard(0)], mesh),  # 6 on 4
             (aten.unflatten.int, (rows, 0, [2, -1]), [Shard(0)], mesh),
+            (aten.unflatten.int, (torch.randn(16, 4), 0, [4, -1]), [Shard(0)], mesh),
             (aten.flatten.using_ints, (block, 0, 1), [Shard(0), Shard(1)], plane),
             (aten.flatten.using_ints, (rows, 0, 1), [Shard(0), Shard(0)], plane),
             (aten.addmv_.default, (x, rows, block[:, 0]), [Shard(0), Shard(0)], plane),
