@@ -83,12 +83,6 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
         answer = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=4)
         want = sc.expected_output_metas(schema)
         self.assertEqual(sc.contract_violations(schema, answer, want), [])
-        schema = sc.strategy_schema(aten.convolution_backward.default, CONV, {}, mesh)
-        want, rules = sc.expected_output_metas(schema), [[None] + [Replicate()] * 5]
-        old = {"input_index": 3, "output_tensor_meta": want[1:]}  # placed ones only
-        with self.assertWarnsRegex(FutureWarning, "one meta per output"):
-            answer = expand_to_full_mesh_op_strategy(mesh, schema, rules, **old)
-        self.assertEqual(sc.contract_violations(schema, answer, want), [])
 
     @with_comms
     def test_attention(self) -> None:

@@ -188,6 +188,10 @@ class TestPlannerQueries(LocalDTensorTestBase):
             schema = sc.strategy_schema(op, args, {}, mesh, sc.planner_candidates)
             outputs = {s.output_specs[0].placements for s in PLANNER(schema).strategies}
             self.assertIn((Shard(0), Shard(1)), outputs)
+        kw = {"is_causal": True}  # by name, as an FX node may hold it: no query rows
+        schema = sc.strategy_schema(cpu, (q, q, q), kw, mesh, sc.planner_candidates)
+        rows = {s.input_specs[0].placements for s in PLANNER(schema).strategies}
+        self.assertFalse(any(Shard(2) in ps for ps in rows), rows)
 
 
 if __name__ == "__main__":
