@@ -75,6 +75,8 @@ class TestStrategyOutputMetas(LocalDTensorTestBase):
         with self.assertWarnsRegex(FutureWarning, "aten.mm.default: shape inference"):
             answer = expand_to_full_mesh_op_strategy(mesh, schema, rules, input_index=1)
         self.assertIsNone(answer.strategies[0].output_spec.tensor_meta)  # as before
+        with self.assertRaisesRegex(ValueError, "mm.default: output_tensor_meta needs"):
+            expand_to_full_mesh_op_strategy(mesh, schema, rules, output_tensor_meta=())
         e, i = torch.empty(0), torch.empty(0, dtype=torch.int32)  # outs to resize
         out = dict(result=e, LU=e, pivots=i, info=i)
         solve = (aten._linalg_solve_ex.result, (torch.eye(5), torch.ones(5)), out)
