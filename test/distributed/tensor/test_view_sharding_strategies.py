@@ -55,14 +55,21 @@ class TestViewShardingStrategies(LocalDTensorTestBase):
     @with_comms
     def test_uneven_shares_kept_whole(self) -> None:
         """Each rank's rows stay whole output rows: FSDP2+TP's TP shards of 4 rows
-        viewed as 2, and 6 rows on 4 ranks as 3; both views raised."""
-        mesh, x = init_device_mesh("cpu", (2, 2)), torch.randn(6, 4)
+        viewed as 2, and 6 rows on 4 ranks as 3; both views raised. Its 3 rows of
+        (12, 4), 1.5 of (6, 8), were kept on output dim 1, with wrong values."""
+        mesh, x = init_device_mesh("cpu", (2, 2)), torch.randn(12, 4)
         with LocalTensorMode(frozenset(range(self.world_size))):
             ft = [_StridedShard(0, split_factor=2), Shard(0)]
             dt = distribute_tensor(x[:4], mesh, [Shard(0)] * 2).redistribute(mesh, ft)
             self.assertEqual(dt.view(2, 8).full_tensor(), x[:4].view(2, 8))
-            dt = distribute_tensor(x, self.build_device_mesh(), [Shard(0)])
-            self.assertEqual(dt.view(3, 2, 4).full_tensor(), x.view(3, 2, 4))
+            dt = distribute_tensor(x, mesh, [Shard(0)] * 2).redistribute(mesh, ft)
+            with self.assertRaisesRegex(RuntimeError, "redistribute"):
+                dt.view(6, 8)
+            with self.assertRaisesRegex(RuntimeError, "redistribute"):
+                with torch.inference_mode():  # reshape itself, not its view
+                    torch.ops.aten.reshape.default(dt, [6, 8])
+            dt = distribute_tensor(x[:6], self.build_device_mesh(), [Shard(0)])
+            self.assertEqual(dt.view(3, 2, 4).full_tensor(), x[:6].view(3, 2, 4))
 
 
 if __name__ == "__main__":
