@@ -160,6 +160,10 @@ class TestPlannerQueries(LocalDTensorTestBase):
         one_row = candidates(torch.randn(1, 8), mesh, (Shard(0),) * 2)  # in place: kept
         with self.assertRaisesRegex(NotImplementedError, "no strategy for these"):
             ask(aten.squeeze_.dim, one_row, 0)
+        s0_r = candidates(torch.randn(8, 6), mesh, (Shard(0), Replicate()))
+        self.assertRaisesRegex(
+            NotImplementedError, "in-place", ask, aten.t_.default, s0_r
+        )
 
     @with_comms
     def test_no_sharding_eager_computes_wrongly(self) -> None:
