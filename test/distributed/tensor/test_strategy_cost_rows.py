@@ -1,7 +1,6 @@
 # Owner(s): ["oncall: distributed"]
-"""Redistribution costs: rows kept across planner queries (a model's layers repeat
-them) until the sharding caches are cleared, never read under another plan
-setting, nothing for a ``_StridedShard`` to itself, no Partial("product") made."""
+"""Redistribution costs: rows kept until the caches are cleared, never read under
+another plan setting, plans of their own, no Partial("product") made."""
 
 from unittest import mock
 
@@ -81,9 +80,8 @@ class TestStrategyCostRows(LocalDTensorTestBase):
 
     @with_comms
     def test_strided_shard_to_itself_and_replicate_to_product(self) -> None:
-        """A ``_StridedShard`` read as a shard order (FSDP2 with TP's) and as a layout
-        (a view's) costs nothing where both readings are one layout; no Replicate
-        becomes Partial("product")."""
+        """The two readings of a ``_StridedShard`` cost nothing where one layout; no
+        Replicate becomes Partial("product"); no redistribution reads a cost's plan."""
         mesh, x = init_device_mesh("cpu", (2, 2)), torch.randn(8, 4)
         mesh3 = DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), _init_backend=False)
         strided = (_StridedShard(0, split_factor=4), _StridedShard(0, split_factor=2))
@@ -97,6 +95,10 @@ class TestStrategyCostRows(LocalDTensorTestBase):
         rep = DTensorSpec(mesh, (Replicate(),) * 2, meta)
         product = DTensorSpec(mesh, (Partial("product"),) * 2, meta)  # no partition
         self.assertEqual(redistribute_cost(rep, product), float("inf"))
+        _gen_transform_infos.cache_clear()  # a cost's plan: rank 0's, its own entry
+        redistribute_cost(DTensorSpec(mesh, (Shard(0),) * 2, meta), rep)
+        _gen_transform_infos(DTensorSpec(mesh, (Shard(0),) * 2, meta), rep, None)
+        self.assertEqual(_gen_transform_infos.cache_info().hits, 0)  # not read
 
     @with_comms
     def test_symbolic_shapes_keep_sharding(self) -> None:

@@ -26,7 +26,6 @@ from torch.distributed.tensor._op_schema import (
 )
 from torch.distributed.tensor._ops.strategy_validation import _create_partial_input
 from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable
-from torch.distributed.tensor._redistribute import _gen_transform_infos
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.common_utils import (
@@ -281,7 +280,6 @@ def choosing(op: torch._ops.OpOverload, spec: OpSpec) -> Iterator[None]:
         raise AssertionError(f"eager DTensor does not offer {spec}: {strategy}")
 
     _clear_sharding_prop_cache()
-    _gen_transform_infos.cache_clear()  # plans made outside LocalTensorMode are rank 0's
     try:
         with mock.patch.object(sharding_prop, "_select_min_cost_strategy", pick):
             yield
